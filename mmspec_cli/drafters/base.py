@@ -1,0 +1,61 @@
+"""The drafter interface: everything the engine needs from a drafting method.
+
+A drafter is told the prompt of each turn (``begin_turn``), then asked once per block for
+up to γ tokens that continue the tokens generated so far (``propose``). It returns a
+:class:`Draft`: the tokens and, when sampling, the distribution each token was drawn
+from; the verifier needs exactly that q. Rolling back after a rejection is implicit: the
+next ``propose`` receives the verified tokens, and the drafter's cache keeps only what
+matches them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..sampling import TokenPicker
+
+
+@dataclass(frozen=True)
+class Draft:
+    """γ proposed token ids; ``probs`` (γ, V) the distributions they were drawn from (None when greedy)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+    weights: list[float] | None = None  # ensemble weights used for this block, if any
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft(tokens=[])
+
+
+class Drafter(ABC):
+    """A drafting method. ``name`` is the user-facing drafter name (``m``, ``t``, ...)."""
+
+    name: str
+
+    @abstractmethod
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        """Take the prompt of a new turn (the text rendered for the target, and the images)."""
+
+    @abstractmethod
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
+
+
+class NoDrafter(Drafter):
+    """``ar``: no drafting; every block is one plain decoding step of the target."""
+
+    name = "ar"
+
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        pass
+
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        return EMPTY_DRAFT

@@ -1,0 +1,70 @@
+"""Drafting with one draft model over one view of the prompt: ``m`` and ``t``.
+
+``m`` (multimodal, TABED §4): the draft sees the images through its own vision tower and
+projector, and the same text. ``t`` (text-only, Gagrani et al.; TABED App. I.2): the draft
+sees the text with each image replaced by one newline token, and no pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..models import LoadedModel
+from ..prompts import ModelPrompt, process, text_only_ids
+from ..runner import CachedModel
+from ..sampling import TokenPicker
+from .base import Draft, Drafter
+
+PromptView = Callable[[str, Sequence[Any]], ModelPrompt]
+
+
+def fit_vocab(logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Make draft logits (..., V_d) cover the target's V ids: pad with -inf or cut the padding rows."""
+    have = logits.shape[-1]
+    if have == size:
+        return logits
+    if have > size:
+        return logits[..., :size]
+    pad = logits.new_full((*logits.shape[:-1], size - have), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+def multimodal_view(draft: LoadedModel) -> PromptView:
+    return lambda text, images: process(draft.processor, text, images)
+
+
+def text_only_view(draft: LoadedModel) -> PromptView:
+    def view(text: str, images: Sequence[Any]) -> ModelPrompt:
+        return ModelPrompt(ids=text_only_ids(draft.tokenizer, text, draft.image_token_id, len(images)))
+
+    return view
+
+
+class SingleModelDrafter(Drafter):
+    """Autoregressive drafting with the draft model's KV cache over one prompt view."""
+
+    def __init__(self, name: str, draft: LoadedModel, view: PromptView, target_vocab: int):
+        self.name = name
+        self.view = view
+        self.target_vocab = target_vocab
+        self.runner = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
+        self.prompt = ModelPrompt(ids=[])
+
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        self.prompt = self.view(prompt_text, images)
+
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        ids = self.prompt.ids + list(generated)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for _ in range(gamma):
+            logits = fit_vocab(self.runner.logits(ids, 1, self.prompt.vision)[-1], self.target_vocab)  # (V,)
+            token, probs = picker.choose(logits)
+            tokens.append(token)
+            if probs is not None:
+                dists.append(probs)
+            ids.append(token)
+        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)

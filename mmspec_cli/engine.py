@@ -1,0 +1,197 @@
+"""The speculative decoding loop.
+
+One block (gpt-fast style, see DESIGN.md):
+  1. the drafter proposes up to γ tokens after the verified ones (its cache rolls back by itself);
+  2. the target scores [last verified token, d_1..d_γ] in ONE forward over its KV cache
+     (the first block of a turn feeds the prompt in that same call);
+  3. the verification rule (``verify.py``) accepts a prefix and adds the target's own token;
+  4. the block is reported as a :class:`BlockVerified` event.
+The target cache is rolled back with ``Cache.crop`` on the next call (``runner.py``), so the
+whole prefix is never re-run. γ is cut to ``max_new_tokens - generated - 1`` so that
+``max_new_tokens`` is exact; an EOS inside a block ends the turn at that token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .drafters.base import EMPTY_DRAFT, Draft, Drafter
+from .errors import InputError
+from .metrics import RunStats
+from .models import LoadedModel
+from .prompts import check_raw_prompt, process, render_prompt
+from .runner import CachedModel
+from .sampling import SamplingParams, TokenPicker
+from .verify import Verdict, verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    turn: int
+    question: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class BlockVerified:
+    """One draft + verify block. ``tokens`` are what the block added to the output:
+    the accepted draft tokens, then ``emitted`` (the target's correction or bonus token),
+    cut after EOS or at ``max_new_tokens``; ``emitted`` is None if the cut removed it."""
+
+    turn: int
+    index: int
+    draft: list[int]
+    accepted: int
+    emitted: int | None
+    tokens: list[int]
+    draft_s: float
+    verify_s: float
+    weights: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    question: str
+    text: str
+    token_ids: list[int]
+    stats: RunStats
+    blocks: list[BlockVerified] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    turn: int
+    result: TurnResult
+
+
+Event = TurnStarted | BlockVerified | TurnFinished
+
+
+@dataclass(frozen=True)
+class Generation:
+    drafter: str
+    turns: list[TurnResult]
+
+    @property
+    def stats(self) -> RunStats:
+        return RunStats.total(t.stats for t in self.turns)
+
+
+def eos_ids(target: LoadedModel) -> set[int]:
+    """End-of-sequence ids exactly as the target's own ``generate`` uses them."""
+    value = getattr(target.model.generation_config, "eos_token_id", None)
+    if value is None:
+        value = target.tokenizer.eos_token_id
+    if value is None:
+        return set()
+    return {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
+
+
+def cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of ``target`` with ``drafter``; reusable across calls and turns.
+
+    >>> decoder = SpeculativeDecoder(target, drafter, gamma=5, max_new_tokens=128)
+    >>> generation = decoder.generate(images, ["Describe the image."])
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: Drafter,
+        gamma: int = 5,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.gamma = gamma
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.seed = seed
+        self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
+        self.eos = eos_ids(target)
+
+    def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
+                 on_event: Callable[[Event], None] | None = None) -> Generation:
+        """Run every turn and return the results; ``on_event`` sees each event as it happens."""
+        turns = []
+        for event in self.stream(images, questions, raw_prompt):
+            if on_event is not None:
+                on_event(event)
+            if isinstance(event, TurnFinished):
+                turns.append(event.result)
+        return Generation(drafter=self.drafter.name, turns=turns)
+
+    def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None) -> Iterator[Event]:
+        """Yield events turn by turn. ``raw_prompt`` (one turn) replaces the chat template."""
+        if raw_prompt is not None:
+            check_raw_prompt(raw_prompt, self.target.processor, len(images))
+            questions = [raw_prompt] if not questions else questions
+            if len(questions) != 1:
+                raise InputError("--raw-prompt gives the whole prompt of one turn; drop -q or pass only --raw-prompt")
+        elif not questions:
+            raise InputError("no question given; pass one with -q TEXT (repeat -q for a conversation)")
+        picker = TokenPicker(self.sampling, self.seed)
+        answers: list[str] = []
+        for turn, question in enumerate(questions):
+            if raw_prompt is not None:
+                text = raw_prompt
+            else:
+                text = render_prompt(self.target.processor, questions, answers, len(images))
+            yield TurnStarted(turn=turn, question=question, prompt=text)
+            result = yield from self._turn(turn, question, text, images, picker)
+            answers.append(result.text)
+            yield TurnFinished(turn=turn, result=result)
+
+    def _turn(self, turn: int, question: str, text: str, images: Sequence[Any], picker: TokenPicker):
+        start = time.perf_counter()
+        prompt = process(self.target.processor, text, images)
+        self.drafter.begin_turn(text, images)
+        generated: list[int] = []
+        blocks: list[BlockVerified] = []
+        drafted = accepted_total = 0
+        finished = False
+        while not finished and len(generated) < self.max_new_tokens:
+            gamma = min(self.gamma, self.max_new_tokens - len(generated) - 1)
+            t0 = time.perf_counter()
+            draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
+            t1 = time.perf_counter()
+            verdict = self._verify(prompt.ids + generated, draft, prompt.vision, picker)
+            t2 = time.perf_counter()
+            new_tokens, finished = cut_after_eos(draft.tokens[: verdict.accepted] + [verdict.next_token], self.eos)
+            kept_drafts = min(verdict.accepted, len(new_tokens))
+            generated.extend(new_tokens)
+            drafted += len(draft)
+            accepted_total += kept_drafts
+            block = BlockVerified(
+                turn=turn, index=len(blocks), draft=list(draft.tokens), accepted=kept_drafts,
+                emitted=verdict.next_token if len(new_tokens) > kept_drafts else None,
+                tokens=new_tokens, draft_s=t1 - t0, verify_s=t2 - t1, weights=draft.weights,
+            )
+            blocks.append(block)
+            yield block
+        stats = RunStats(new_tokens=len(generated), blocks=len(blocks), drafted=drafted,
+                         accepted=accepted_total, wall_s=time.perf_counter() - start)
+        text_out = self.target.tokenizer.decode(generated, skip_special_tokens=True).strip()
+        return TurnResult(question=question, text=text_out, token_ids=generated, stats=stats, blocks=blocks)
+
+    def _verify(self, context: list[int], draft: Draft, vision: dict, picker: TokenPicker) -> Verdict:
+        """ONE target forward over the verified context plus the draft; then the verification rule."""
+        logits = self.runner.logits(context + draft.tokens, keep=len(draft) + 1, vision=vision)  # (γ+1, V)
+        tokens = torch.tensor(draft.tokens, dtype=torch.long)
+        if picker.greedy:
+            return verify_greedy(tokens, logits)
+        return verify_sampling(tokens, draft.probs, picker.distribution(logits), picker.generator)

@@ -1,0 +1,163 @@
+"""Loading target, draft (and later captioner) models with their processors.
+
+A hub id and a local directory go through the same ``from_pretrained`` calls; tests save
+tiny models with ``save_pretrained`` and load them back here. Nothing from a model
+repository is executed unless its profile entry says ``trust_remote_code: true``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+from .errors import ModelLoadError
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded image-text-to-text model with its processor; ``role`` is 'target' or 'draft'."""
+
+    role: str
+    name: str
+    model: Any
+    processor: Any
+
+    @property
+    def tokenizer(self):
+        return self.processor.tokenizer
+
+    @property
+    def image_token_id(self) -> int | None:
+        return image_token_id(self.processor, self.model.config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+
+def image_token_id(processor: Any, config: Any) -> int | None:
+    """The id of the image placeholder token, from the config or the processor's tokenizer."""
+    for attr in ("image_token_id", "image_token_index"):
+        value = getattr(config, attr, None)
+        if value is not None:
+            return int(value)
+    token = getattr(processor, "image_token", None)
+    return None if token is None else processor.tokenizer.convert_tokens_to_ids(token)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means CUDA when present, else CPU."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
+    if kind is None:
+        return None
+    try:
+        import bitsandbytes  # noqa: F401  (imported lazily: it may fail on CPU-only machines)
+    except Exception as exc:  # ImportError, or a CUDA setup error raised at import
+        raise ModelLoadError(
+            f"{role}.quantization: {kind} needs bitsandbytes, which could not be imported ({type(exc).__name__}); "
+            f"install it with `pip install 'mmspec[quant]'` on a CUDA machine, or set {role}.quantization: null"
+        ) from exc
+    from transformers import BitsAndBytesConfig
+
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
+
+
+def _is_local(model: str) -> bool:
+    return os.path.isdir(os.path.expanduser(model))
+
+
+def _unreachable_message(role: str, model: str, exc: Exception) -> str:
+    if _is_local(model):
+        return f"{role}.model: '{model}' is a directory but could not be loaded ({_first_line(exc)}); it should hold a model saved with save_pretrained"
+    if os.sep in model and not model.count("/") == 1:
+        return f"{role}.model: '{model}' is neither an existing directory nor a hub id; check the path"
+    return (
+        f"{role}.model: could not load '{model}' from the Hugging Face hub (no network, or not cached: {_first_line(exc)}); "
+        f"download it where there is network, or pass a local path saved with save_pretrained as {role}.model"
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def load_model(spec: Any, role: str, multi_gpu_ok: bool = False) -> LoadedModel:
+    """Load ``spec.model`` (hub id or directory) as an image-text-to-text model plus processor.
+
+    ``spec`` carries model, dtype, device, quantization, trust_remote_code and revision
+    (see ``profiles.ModelSpec``). With several GPUs and ``multi_gpu_ok`` the model is spread
+    with ``device_map="auto"`` (accelerate).
+    """
+    name = os.path.expanduser(spec.model)
+    common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+    try:
+        config = AutoConfig.from_pretrained(name, **common)
+    except OSError as exc:
+        raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{role}.model: '{spec.model}' has a config transformers does not know ({_first_line(exc)}); "
+                             f"if it ships its own code and you trust it, set {role}.trust_remote_code: true") from exc
+    supported = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    if config.model_type not in supported and not spec.trust_remote_code:
+        raise ModelLoadError(
+            f"{role}.model: '{spec.model}' is a '{config.model_type}' model, not an image-text-to-text model; "
+            f"use a LLaVA-family model such as llava-hf/llava-1.5-7b-hf"
+        )
+    dtype = DTYPES[spec.dtype]
+    device = resolve_device(spec.device)
+    kwargs: dict[str, Any] = dict(common, dtype=dtype)
+    quant = _quantization_config(spec.quantization, dtype, role)
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map={"": 0} if device == "cuda" else device)
+    elif multi_gpu_ok and device == "cuda" and torch.cuda.device_count() > 1:
+        kwargs["device_map"] = "auto"
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
+        processor = AutoProcessor.from_pretrained(name, **common)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ModelLoadError(
+            f"CUDA ran out of memory loading the {role} model '{spec.model}'; set {role}.quantization: 4bit or 8bit, "
+            f"or a smaller {role}.dtype (float16)"
+        ) from exc
+    except OSError as exc:
+        raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
+    if "device_map" not in kwargs:
+        model = model.to(device)
+    model.eval()
+    return LoadedModel(role=role, name=spec.model, model=model, processor=processor)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a target/draft pair whose tokenizers disagree: speculation compares token ids."""
+    if target.image_token_id != draft.image_token_id:
+        raise ModelLoadError(
+            f"the target's image placeholder token id ({target.image_token_id}) differs from the draft's "
+            f"({draft.image_token_id}); use a draft trained with the target's tokenizer"
+        )
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
+        raise ModelLoadError(
+            f"target and draft tokenizers differ ({len(t_vocab)} vs {len(d_vocab)} tokens, {differing} entries differ); "
+            f"use a draft trained with the target's tokenizer"
+        )

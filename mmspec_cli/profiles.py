@@ -1,0 +1,386 @@
+"""Profiles: YAML files that pin what a run uses (models, decoding settings, drafter).
+
+A profile is read with ``yaml.safe_load`` and turned into frozen dataclasses by one small
+validator, :func:`_build`, which walks a mapping against a dataclass. Every section is a
+dataclass whose fields carry a *check* in their metadata (see :func:`_key`); the validator
+rejects unknown keys, missing required keys and bad values, naming the key path::
+
+    decoding.gamma: expected an integer between 1 and 64, got "five"
+    decoding.gama: unknown key; known keys: gamma, max_new_tokens, temperature, ...
+
+Adding a section means adding a dataclass and one ``_key(..., _section(NewSpec))`` field on
+:class:`Profile`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from mmspec_cli.errors import ProfileError
+
+#: Profile used when ``--profile`` is not given. ``None`` until a built-in demo profile
+#: exists; set it to ``"demo"`` then.
+DEFAULT_PROFILE: str | None = None
+
+PROFILE_SUFFIXES = (".yaml", ".yml")
+
+#: A check takes ``(value, key_path)`` and returns the (possibly normalised) value, or
+#: raises :class:`ProfileError` (via :func:`_fail`).
+Check = Callable[[Any, str], Any]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _show(value: Any) -> str:
+    """Render a value as it appeared in YAML: strings quoted, ``null``/``true``/``false``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _fail(path: str, expected: str, value: Any) -> None:
+    """Raise the standard one-line error for a bad value at ``path``."""
+    raise ProfileError(f"{path}: expected {expected}, got {_show(value)}")
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _range_text(kind: str, lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"{kind} between {lo} and {hi}"
+    if lo is not None:
+        return f"{kind} >= {lo}"
+    return kind
+
+
+def _integer(lo: int | None = None, hi: int | None = None) -> Check:
+    """An int (never a bool) in ``[lo, hi]``."""
+    expected = _range_text("an integer", lo, hi)
+
+    def check(value: Any, path: str) -> int:
+        if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+            _fail(path, expected, value)
+        return value
+
+    return check
+
+
+def _number(expected: str, ok: Callable[[float], bool]) -> Check:
+    """A finite int or float (never a bool) for which ``ok`` holds; returned as float."""
+
+    def check(value: Any, path: str) -> float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            _fail(path, expected, value)
+        if not math.isfinite(value) or not ok(value):
+            _fail(path, expected, value)
+        return float(value)
+
+    return check
+
+
+def _string(value: Any, path: str) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        _fail(path, "a non-empty string", value)
+    return value
+
+
+def _boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, "true or false", value)
+    return value
+
+
+def _choice(*options: str | None) -> Check:
+    """One of ``options`` (``None`` allowed if listed; shown as ``null``)."""
+    expected = "one of " + ", ".join("null" if o is None else o for o in options)
+
+    def check(value: Any, path: str) -> Any:
+        if not (value is None or isinstance(value, str)) or value not in options:
+            _fail(path, expected, value)
+        return value
+
+    return check
+
+
+def _matches(pattern: str, expected: str) -> Check:
+    """A string fully matching the regular expression ``pattern``."""
+    regex = re.compile(pattern)
+
+    def check(value: Any, path: str) -> str:
+        if not isinstance(value, str) or not regex.fullmatch(value):
+            _fail(path, expected, value)
+        return value
+
+    return check
+
+
+def _optional(check: Check) -> Check:
+    """``None`` or whatever ``check`` accepts."""
+    return lambda value, path: None if value is None else check(value, path)
+
+
+def _section(cls: type, optional: bool = False) -> Check:
+    """A nested mapping validated against dataclass ``cls``.
+
+    ``null`` (or an empty ``key:`` in YAML) gives ``None`` if ``optional``, else ``cls()``.
+    """
+
+    def check(value: Any, path: str) -> Any:
+        if value is None:
+            return None if optional else _build(cls, {}, path)
+        return _build(cls, value, path)
+
+    return check
+
+
+def _key(check: Check, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """Declare a dataclass field that is a profile key, validated by ``check``.
+
+    Without ``default``/``factory`` the key is required.
+    """
+    return field(default=default, default_factory=factory, metadata={"check": check})
+
+
+def _keys(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are profile keys (those declared with :func:`_key`)."""
+    return [f for f in dataclasses.fields(cls) if "check" in f.metadata]
+
+
+# --------------------------------------------------------------------------- validator
+
+
+def _build(cls: type, data: Any, path: str = "", **extra: Any) -> Any:
+    """Validate mapping ``data`` against dataclass ``cls`` and construct it.
+
+    ``path`` is the key path of ``data`` (``""`` at the top level); ``extra`` fills fields
+    that are not profile keys (e.g. ``Profile.name``).
+    """
+    fields = _keys(cls)
+    if not isinstance(data, Mapping):
+        names = ", ".join(f.name for f in fields)
+        _fail(path or "profile", f"a mapping with keys {names}", data)
+    known = {f.name for f in fields}
+    for key in data:
+        if key not in known:
+            raise ProfileError(
+                f"{_join(path, key)}: unknown key; known keys: {', '.join(f.name for f in fields)}"
+            )
+    values = dict(extra)
+    for f in fields:
+        key_path = _join(path, f.name)
+        if f.name in data:
+            values[f.name] = f.metadata["check"](data[f.name], key_path)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            where = f'under "{path}"' if path else "at the top level"
+            raise ProfileError(f'{key_path}: required key is missing; add "{f.name}:" {where}')
+    return cls(**values)
+
+
+# --------------------------------------------------------------------------- sections
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+QUANTIZATIONS = (None, "8bit", "4bit")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to load: hub id or local path, plus how to load it."""
+
+    model: str = _key(_string)
+    dtype: str = _key(_choice(*DTYPES), "float16")
+    device: str = _key(_matches(r"auto|cpu|cuda(:\d+)?|mps", "one of auto, cpu, cuda, cuda:N, mps"), "auto")
+    quantization: str | None = _key(_choice(*QUANTIZATIONS), None)
+    trust_remote_code: bool = _key(_boolean, False)
+    revision: str | None = _key(_optional(_string), None)
+
+
+@dataclass(frozen=True)
+class DecodingSpec:
+    """Decoding settings shared by all drafters."""
+
+    gamma: int = _key(_integer(1, 64), 5)
+    max_new_tokens: int = _key(_integer(1), 128)
+    temperature: float = _key(_number("a number >= 0", lambda x: x >= 0), 0.0)
+    top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
+    top_k: int | None = _key(_optional(_integer(1)), None)
+    seed: int | None = _key(_optional(_integer(0)), None)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated profile. ``name``/``source`` say where it came from; the rest are keys."""
+
+    name: str
+    source: str
+    target: ModelSpec = _key(_section(ModelSpec))
+    draft: ModelSpec | None = _key(_section(ModelSpec, optional=True), None)
+    decoding: DecodingSpec = _key(_section(DecodingSpec), factory=DecodingSpec)
+    drafter: str = _key(_string, "m")
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def builtin_profiles_dir() -> Path:
+    """Directory of the built-in profiles.
+
+    ``mmspec_cli/profiles/`` in a wheel install, else ``<repo root>/profiles`` (editable
+    installs and checkouts).
+    """
+    package_dir = Path(__file__).resolve().parent
+    packaged = package_dir / "profiles"
+    return packaged if packaged.is_dir() else package_dir.parent / "profiles"
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in profiles, sorted."""
+    folder = builtin_profiles_dir()
+    if not folder.is_dir():
+        return []
+    return sorted({p.stem for p in folder.iterdir() if p.suffix in PROFILE_SUFFIXES and p.is_file()})
+
+
+def _available() -> str:
+    names = list_profiles()
+    return f"built-in profiles: {', '.join(names)}" if names else "no built-in profiles found"
+
+
+def _looks_like_path(value: str) -> bool:
+    """A value is a path if it has a YAML suffix or a separator, or names an existing file."""
+    separators = {"/", os.sep, os.altsep} - {None}
+    return (
+        value.lower().endswith(PROFILE_SUFFIXES)
+        or any(sep in value for sep in separators)
+        or Path(value).is_file()
+    )
+
+
+def _resolve(name_or_path: str) -> Path:
+    """Turn a ``--profile`` value into the file to read, or raise :class:`ProfileError`."""
+    if _looks_like_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise ProfileError(
+                f"profile file {name_or_path} doesn't exist; pass an existing YAML file or a "
+                f"built-in name ({_available()})"
+            )
+        if not path.is_file():
+            raise ProfileError(f"profile {name_or_path} is not a file; pass a YAML file")
+        return path
+    for suffix in PROFILE_SUFFIXES:
+        path = builtin_profiles_dir() / f"{name_or_path}{suffix}"
+        if path.is_file():
+            return path
+    raise ProfileError(
+        f'unknown profile "{name_or_path}"; pass a built-in name or a YAML file path ({_available()})'
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    """``yaml.safe_load`` a file, turning read and syntax errors into one-line ProfileErrors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"can't read profile {path}: {exc}; pass a readable UTF-8 YAML file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        problem = " ".join(str(problem).split())
+        raise ProfileError(f"profile {path} is not valid YAML{where}: {problem}; fix the syntax there") from None
+
+
+def profile_from_dict(data: Any, name: str = "<dict>", source: str = "<dict>") -> Profile:
+    """Validate plain data (as from ``yaml.safe_load``) into a :class:`Profile`."""
+    return _build(Profile, data, name=name, source=source)
+
+
+def load_profile(name_or_path: str | None) -> Profile:
+    """Load a profile by built-in name or by file path (``None``: :data:`DEFAULT_PROFILE`)."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_PROFILE
+    if name_or_path is None:
+        raise ProfileError(f"no profile given; pass --profile NAME|PATH ({_available()})")
+    path = _resolve(name_or_path)
+    data = _read_yaml(path)
+    try:
+        return profile_from_dict(data, name=path.stem, source=str(path))
+    except ProfileError as exc:
+        raise ProfileError(f"{exc} (in profile {path})") from None
+
+
+#: Flat CLI override name -> section it belongs to (``None``: top level of the profile).
+OVERRIDES: dict[str, str | None] = {
+    "gamma": "decoding",
+    "max_new_tokens": "decoding",
+    "temperature": "decoding",
+    "top_p": "decoding",
+    "top_k": "decoding",
+    "seed": "decoding",
+    "drafter": None,
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
+    """Return ``profile`` with CLI values applied; ``None`` values (flag not given) are ignored.
+
+    Values go through the same checks as the YAML, so errors read
+    ``--gamma: expected an integer between 1 and 64, got 0``.
+    """
+    unknown = sorted(set(overrides) - set(OVERRIDES))
+    if unknown:
+        raise TypeError(f"unknown override(s) {', '.join(unknown)}; known: {', '.join(OVERRIDES)}")
+    changes: dict[str | None, dict[str, Any]] = {}
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        section = OVERRIDES[name]
+        owner = Profile if section is None else type(getattr(profile, section))
+        check = next(f for f in _keys(owner) if f.name == name).metadata["check"]
+        changes.setdefault(section, {})[name] = check(value, _flag(name))
+    top = changes.pop(None, {})
+    for section, values in changes.items():
+        top[section] = dataclasses.replace(getattr(profile, section), **values)
+    return dataclasses.replace(profile, **top)
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """Plain data for ``yaml.safe_dump``; ``profile_from_dict`` of it gives the profile back."""
+
+    def plain(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):
+            return {f.name: plain(getattr(obj, f.name)) for f in _keys(type(obj))}
+        return obj
+
+    return plain(profile)

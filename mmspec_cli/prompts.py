@@ -1,0 +1,117 @@
+"""Building the prompt of each turn and the per-model views of it.
+
+The prompt text is rendered once per turn with the target processor's chat template
+(``apply_chat_template(..., add_generation_prompt=True)``): the first user turn holds the
+images in order, then the question; later turns add the earlier answers as assistant
+turns. Without a chat template, the LLaVA-1.5 format ``USER: <image>\\n{question} ASSISTANT:``
+is used. Each model then tokenizes that same text with its own processor (so a LLaVA-NeXT
+target and a LLaVA-1.5 draft each expand the image placeholders their own way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class ModelPrompt:
+    """One model's view of a turn's prompt: token ids and the image tensors they refer to."""
+
+    ids: list[int]
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def image_placeholder(processor: Any) -> str:
+    return getattr(processor, "image_token", None) or "<image>"
+
+
+def build_messages(questions: Sequence[str], answers: Sequence[str], n_images: int) -> list[dict]:
+    """Chat messages for the turn after ``answers``: images first in the first user turn."""
+    messages: list[dict] = []
+    for turn, question in enumerate(questions[: len(answers) + 1]):
+        content = [{"type": "image"} for _ in range(n_images if turn == 0 else 0)]
+        content.append({"type": "text", "text": question})
+        messages.append({"role": "user", "content": content})
+        if turn < len(answers):
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": answers[turn]}]})
+    return messages
+
+
+def llava15_prompt(messages: Sequence[dict], image_token: str, eos: str) -> str:
+    """The LLaVA-1.5 conversation format, for processors that carry no chat template."""
+    parts = []
+    for message in messages:
+        images = "".join(f"{image_token}\n" for c in message["content"] if c["type"] == "image")
+        text = " ".join(c["text"] for c in message["content"] if c["type"] == "text")
+        if message["role"] == "user":
+            parts.append(f"USER: {images}{text} ")
+        else:
+            parts.append(f"ASSISTANT: {text}{eos}")
+    return "".join(parts) + "ASSISTANT:"
+
+
+def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[str], n_images: int) -> str:
+    """The prompt text for the next turn, through the processor's chat template when it has one."""
+    messages = build_messages(questions, answers, n_images)
+    if getattr(processor, "chat_template", None):
+        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    eos = processor.tokenizer.eos_token or ""
+    return llava15_prompt(messages, image_placeholder(processor), eos)
+
+
+def check_raw_prompt(raw_prompt: str, processor: Any, n_images: int) -> None:
+    """A ``--raw-prompt`` must hold exactly one image placeholder per image."""
+    placeholder = image_placeholder(processor)
+    found = raw_prompt.count(placeholder)
+    if found != n_images:
+        raise InputError(
+            f"--raw-prompt has {found} '{placeholder}' placeholder(s) but {n_images} image(s) were given; "
+            f"put one '{placeholder}' where each image goes"
+        )
+
+
+def process(processor: Any, text: str, images: Sequence[Any]) -> ModelPrompt:
+    """Tokenize ``text`` with ``processor``, expanding each image placeholder and encoding the images."""
+    batch = processor(images=list(images) or None, text=text, return_tensors="pt")
+    ids = batch["input_ids"][0].tolist()
+    vision = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+    return ModelPrompt(ids=ids, vision=vision)
+
+
+def newline_token_id(tokenizer: Any) -> int:
+    """The id of the token for "\\n" (the last piece, e.g. Llama's <0x0A> after a leading '▁')."""
+    return tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
+
+
+def replace_image_tokens(ids: Sequence[int], image_token_id: int, replacements: Sequence[Sequence[int]]) -> list[int]:
+    """Replace the i-th image placeholder in *unexpanded* ids by ``replacements[i]`` (pure).
+
+    In a prompt tokenized without its processor, each image is exactly one placeholder token
+    (its "whole run" before expansion), so two adjacent images stay two replacements. Used
+    for text-only drafting (each image becomes one newline token, TABED App. I.2) and caption
+    drafting (each image becomes the tokens of "image: <caption>", TABED App. I.2).
+    """
+    positions = [i for i, token in enumerate(ids) if token == image_token_id]
+    if len(positions) != len(replacements):
+        raise ValueError(f"prompt has {len(positions)} image placeholders but {len(replacements)} replacements were given")
+    out: list[int] = []
+    start = 0
+    for position, replacement in zip(positions, replacements):
+        out.extend(ids[start:position])
+        out.extend(replacement)
+        start = position + 1
+    out.extend(ids[start:])
+    return out
+
+
+def text_only_ids(tokenizer: Any, text: str, image_token_id: int, n_images: int) -> list[int]:
+    """TABED App. I.2: tokenize the prompt unexpanded, each ``<image>`` token becoming one "\\n" token."""
+    ids = tokenizer(text)["input_ids"]
+    newline = newline_token_id(tokenizer)
+    return replace_image_tokens(ids, image_token_id, [[newline]] * n_images)

@@ -1,0 +1,99 @@
+"""A model together with its KV cache and the token ids that cache holds.
+
+Target and drafters talk to their models only through :class:`CachedModel.logits`: "give
+me the logits of the last ``keep`` positions of this token sequence". The runner finds
+the longest prefix already in the cache, crops the rest with transformers' own
+``Cache.crop`` (the rollback after a rejected draft), and feeds only the new tokens. The
+whole prefix is never re-run, except when the new part contains image placeholders
+(their pixels must go through the vision tower with the full prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .errors import MmspecError
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the common case: one extends the other (C-speed list compare)
+        return n
+    lo, hi = 0, n  # binary search on the first difference
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions of every layer (``Cache.crop`` takes a negative count)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+class CachedModel:
+    """Runs ``model`` incrementally over growing (and sometimes rolled-back) token sequences."""
+
+    def __init__(self, model: torch.nn.Module, role: str, image_token_id: int | None):
+        self.model = model
+        self.role = role
+        self.image_token_id = image_token_id
+        self.device = model.device
+        self.cache = DynamicCache(config=model.config)
+        self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.ids = []
+
+    @torch.inference_mode()
+    def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits (keep, V) for the last ``keep`` positions of ``ids``; the cache then holds all of ``ids``.
+
+        ``vision`` holds the processor's image tensors for every image placeholder in ``ids``;
+        they are used only when the part to feed contains placeholders.
+        """
+        reuse = common_prefix_length(self.ids, ids)
+        reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
+        fresh = ids[reuse:]
+        image_kwargs: Mapping[str, torch.Tensor] = {}
+        if self.image_token_id is not None and self.image_token_id in fresh:
+            reuse, fresh = 0, ids  # images are encoded with the whole prompt, never spliced
+            image_kwargs = vision or {}
+        if reuse == 0:
+            self.reset()
+        else:
+            crop_to(self.cache, reuse)
+        input_ids = torch.tensor([list(fresh)], dtype=torch.long, device=self.device)  # (1, n_fresh)
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+                **{k: _to_model(v, self.model) for k, v in image_kwargs.items()},
+            )
+        except torch.cuda.OutOfMemoryError as exc:
+            raise MmspecError(
+                f"CUDA ran out of memory in the {self.role} model; set {self.role}.quantization: 4bit "
+                f"(or 8bit), a smaller dtype such as float16, or a shorter prompt"
+            ) from exc
+        self.ids = list(ids)
+        return out.logits[0, -keep:]  # (keep, V)
+
+
+def _to_model(value: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_floating_point():
+        return value.to(device=model.device, dtype=model.dtype)
+    return value.to(model.device)

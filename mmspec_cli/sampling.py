@@ -1,0 +1,93 @@
+"""Turning logits into the distribution a token is drawn from, and drawing it.
+
+The same transform (temperature, then top-k, then top-p, the order transformers uses) is
+applied to the target's and the draft's logits. The speculative rule then compares two
+distributions that were shaped alike, which is what DESIGN.md's verification rule asks for.
+All functions here are pure except :meth:`TokenPicker.choose`, which consumes randomness
+from an explicit ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How next tokens are chosen. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _working_dtype(logits: torch.Tensor) -> torch.dtype:
+    # half-precision softmax loses the small probabilities the residual rule depends on
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-k and then the top-p nucleus, renormalised.
+
+    logits: (..., V). Returns probabilities of the same shape. Requires ``temperature > 0``.
+    The top-p nucleus is the smallest set of most likely tokens whose mass reaches ``top_p``.
+    """
+    if params.greedy:
+        raise ValueError("probabilities() needs temperature > 0; greedy decoding uses argmax")
+    scaled = logits.to(_working_dtype(logits)) / params.temperature  # (..., V)
+    if params.top_k is not None and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of strictly likelier tokens
+        drop_sorted = mass_before >= params.top_p  # the most likely token is never dropped
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from a 1-D distribution, using ``generator`` (a CPU generator)."""
+    return int(torch.multinomial(probs.detach().to("cpu", torch.float64), 1, generator=generator))
+
+
+class TokenPicker:
+    """Chooses a token from logits: argmax when greedy, else a draw from :func:`probabilities`.
+
+    Holds the run's random generator, so a seeded run is reproducible on any device.
+    """
+
+    def __init__(self, params: SamplingParams, seed: int | None = None):
+        self.params = params
+        self.generator = torch.Generator(device="cpu")
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        return probabilities(logits, self.params)
+
+    def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """logits: (V,). Returns (token id, the distribution it was drawn from or None if greedy)."""
+        if self.greedy:
+            return int(logits.argmax()), None
+        probs = self.distribution(logits)
+        return sample(probs, self.generator), probs
+
+    def choose_from(self, probs: torch.Tensor) -> int:
+        """Draw from an already shaped distribution (e.g. a residual or a mixture)."""
+        return sample(probs, self.generator)

@@ -1,0 +1,42 @@
+"""Session-scoped tiny model pairs, saved to a temp dir and loaded through mmspec's loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmspec_cli.models import load_model
+from mmspec_cli.profiles import ModelSpec
+
+from . import tiny_llava as tiny
+
+
+def load(path: str, role: str):
+    return load_model(ModelSpec(model=path, dtype="float64", device="cpu"), role)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Paths of saved tiny models: target, an identical draft, a perturbed draft, an unrelated one."""
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = tiny.train_tokenizer()
+    processor = tiny.make_processor(tokenizer)
+    vocab = len(tokenizer)
+    target = tiny.make_model(vocab, seed=0)
+    dirs = {
+        "target": tiny.save(target, processor, root / "target"),
+        "same": tiny.save(target, processor, root / "same"),
+        "perturbed": tiny.save(tiny.perturbed_copy(target, 0.15, seed=1), processor, root / "perturbed"),
+        "random": tiny.save(tiny.make_model(vocab, seed=7, hidden=16, layers=1), processor, root / "random"),
+    }
+    plain = tiny.make_processor(tokenizer, chat_template=None)
+    dirs["no_template"] = tiny.save(target, plain, root / "no_template")
+    other_tok = tiny.train_tokenizer(vocab_size=350, corpus=[c[::-1] for c in tiny.CORPUS])
+    dirs["other_tokenizer"] = tiny.save(tiny.make_model(len(other_tok), seed=3), tiny.make_processor(other_tok),
+                                        root / "other_tokenizer")
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    """LoadedModel objects for each saved tiny model (loaded once per session)."""
+    return {name: load(path, "draft" if name != "target" else "target") for name, path in tiny_dirs.items()}

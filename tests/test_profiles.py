@@ -1,0 +1,377 @@
+"""Tests for mmspec_cli.profiles: parsing, defaults, refusals, overrides, round trip."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mmspec_cli import profiles
+from mmspec_cli.errors import ProfileError
+from mmspec_cli.profiles import (
+    DecodingSpec,
+    ModelSpec,
+    Profile,
+    apply_overrides,
+    builtin_profiles_dir,
+    list_profiles,
+    load_profile,
+    profile_from_dict,
+    profile_to_dict,
+)
+
+BUILTINS = {
+    "llava15-7b": "llava-hf/llava-1.5-7b-hf",
+    "llava15-13b": "llava-hf/llava-1.5-13b-hf",
+    "llava-next-7b": "llava-hf/llava-v1.6-vicuna-7b-hf",
+}
+
+GOOD = {
+    "target": {"model": "llava-hf/llava-1.5-7b-hf", "dtype": "bfloat16", "device": "cuda:1"},
+    "draft": {"model": "mjbooo/lvlm68m", "quantization": "4bit", "revision": "main"},
+    "decoding": {"gamma": 3, "max_new_tokens": 64, "temperature": 1, "top_p": 0.9, "top_k": 50, "seed": 7},
+    "drafter": "ar",
+}
+
+
+def refused(data, fragment):
+    """Assert that ``data`` is refused with a message containing ``fragment``, one line."""
+    with pytest.raises(ProfileError) as info:
+        profile_from_dict(data)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+    return message
+
+
+def with_decoding(**values):
+    return {"target": {"model": "t"}, "decoding": values}
+
+
+def with_target(**values):
+    return {"target": {"model": "t", **values}}
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+def test_builtin_dir_and_names():
+    assert builtin_profiles_dir() == Path(profiles.__file__).resolve().parent.parent / "profiles"
+    assert set(BUILTINS) <= set(list_profiles())
+    assert list_profiles() == sorted(list_profiles())
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_builtin_profiles_parse(name):
+    profile = load_profile(name)
+    assert profile.name == name
+    assert profile.source.endswith(f"{name}.yaml")
+    assert profile.target == ModelSpec(model=BUILTINS[name], dtype="float16")
+    assert profile.draft == ModelSpec(model="mjbooo/lvlm68m", dtype="float16")
+    assert profile.decoding == DecodingSpec(gamma=5, max_new_tokens=128, temperature=0.0)
+    assert profile.drafter == "m"
+    first_line = (builtin_profiles_dir() / f"{name}.yaml").read_text().splitlines()[0]
+    assert first_line.startswith("# ")
+
+
+# --------------------------------------------------------------------------- good input
+
+
+def test_good_dict():
+    profile = profile_from_dict(GOOD, name="mine", source="x.yaml")
+    assert profile.name == "mine" and profile.source == "x.yaml"
+    assert profile.target == ModelSpec("llava-hf/llava-1.5-7b-hf", "bfloat16", "cuda:1")
+    assert profile.draft.quantization == "4bit" and profile.draft.revision == "main"
+    assert profile.decoding == DecodingSpec(3, 64, 1.0, 0.9, 50, 7)
+    assert isinstance(profile.decoding.temperature, float)  # int accepted, stored as float
+    assert profile.drafter == "ar"
+
+
+def test_defaults():
+    profile = profile_from_dict({"target": {"model": "t"}})
+    assert profile.name == "<dict>" and profile.source == "<dict>"
+    assert profile.target == ModelSpec(
+        model="t", dtype="float16", device="auto", quantization=None, trust_remote_code=False, revision=None
+    )
+    assert profile.draft is None
+    assert profile.decoding == DecodingSpec(
+        gamma=5, max_new_tokens=128, temperature=0.0, top_p=None, top_k=None, seed=None
+    )
+    assert profile.drafter == "m"
+
+
+def test_null_sections():
+    profile = profile_from_dict({"target": {"model": "t"}, "draft": None, "decoding": None})
+    assert profile.draft is None
+    assert profile.decoding == DecodingSpec()
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12", "mps"])
+def test_devices_accepted(device):
+    assert profile_from_dict(with_target(device=device)).target.device == device
+
+
+def test_frozen():
+    profile = profile_from_dict(GOOD)
+    with pytest.raises(AttributeError):
+        profile.drafter = "x"
+    with pytest.raises(AttributeError):
+        profile.decoding.gamma = 9
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_exact_wrong_type_message():
+    message = refused(with_decoding(gamma="five"), 'decoding.gamma: expected an integer between 1 and 64, got "five"')
+    assert message == 'decoding.gamma: expected an integer between 1 and 64, got "five"'
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("gamma", 0, "decoding.gamma: expected an integer between 1 and 64, got 0"),
+        ("gamma", 65, "decoding.gamma: expected an integer between 1 and 64, got 65"),
+        ("gamma", 2.5, "decoding.gamma: expected an integer between 1 and 64, got 2.5"),
+        ("gamma", True, "decoding.gamma: expected an integer between 1 and 64, got true"),
+        ("max_new_tokens", 0, "decoding.max_new_tokens: expected an integer >= 1, got 0"),
+        ("max_new_tokens", "10", 'decoding.max_new_tokens: expected an integer >= 1, got "10"'),
+        ("max_new_tokens", False, "decoding.max_new_tokens: expected an integer >= 1, got false"),
+        ("temperature", -0.1, "decoding.temperature: expected a number >= 0, got -0.1"),
+        ("temperature", "hot", 'decoding.temperature: expected a number >= 0, got "hot"'),
+        ("temperature", True, "decoding.temperature: expected a number >= 0, got true"),
+        ("temperature", float("nan"), "decoding.temperature: expected a number >= 0, got nan"),
+        ("top_p", 0, "decoding.top_p: expected a number in (0, 1], got 0"),
+        ("top_p", 1.5, "decoding.top_p: expected a number in (0, 1], got 1.5"),
+        ("top_p", "high", 'decoding.top_p: expected a number in (0, 1], got "high"'),
+        ("top_k", 0, "decoding.top_k: expected an integer >= 1, got 0"),
+        ("top_k", 1.0, "decoding.top_k: expected an integer >= 1, got 1.0"),
+        ("top_k", True, "decoding.top_k: expected an integer >= 1, got true"),
+        ("seed", -1, "decoding.seed: expected an integer >= 0, got -1"),
+        ("seed", "42", 'decoding.seed: expected an integer >= 0, got "42"'),
+        ("seed", [1], "decoding.seed: expected an integer >= 0, got [1]"),
+    ],
+)
+def test_decoding_refusals(key, value, fragment):
+    refused(with_decoding(**{key: value}), fragment)
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("model", "", 'target.model: expected a non-empty string, got ""'),
+        ("model", 7, "target.model: expected a non-empty string, got 7"),
+        ("dtype", "fp16", 'target.dtype: expected one of float32, float16, bfloat16, float64, got "fp16"'),
+        ("device", "gpu", 'target.device: expected one of auto, cpu, cuda, cuda:N, mps, got "gpu"'),
+        ("device", "cuda:x", 'target.device: expected one of auto, cpu, cuda, cuda:N, mps, got "cuda:x"'),
+        ("quantization", "3bit", 'target.quantization: expected one of null, 8bit, 4bit, got "3bit"'),
+        ("quantization", 8, "target.quantization: expected one of null, 8bit, 4bit, got 8"),
+        ("trust_remote_code", "yes", 'target.trust_remote_code: expected true or false, got "yes"'),
+        ("trust_remote_code", 1, "target.trust_remote_code: expected true or false, got 1"),
+        ("revision", 3, "target.revision: expected a non-empty string, got 3"),
+    ],
+)
+def test_model_refusals(key, value, fragment):
+    refused(with_target(**{key: value}), fragment)
+
+
+def test_draft_section_checked_too():
+    refused({"target": {"model": "t"}, "draft": {"model": "d", "dtype": "int8"}}, "draft.dtype: expected one of")
+    refused({"target": {"model": "t"}, "draft": {"dtype": "float16"}}, "draft.model: required key is missing")
+
+
+def test_drafter_must_be_nonempty_string():
+    refused({"target": {"model": "t"}, "drafter": ""}, 'drafter: expected a non-empty string, got ""')
+    refused({"target": {"model": "t"}, "drafter": 3}, "drafter: expected a non-empty string, got 3")
+
+
+def test_unknown_key_nested():
+    message = refused(with_decoding(gama=3), "decoding.gama: unknown key; known keys: gamma, max_new_tokens, ")
+    assert message.endswith("known keys: gamma, max_new_tokens, temperature, top_p, top_k, seed")
+    refused(with_target(dtpye="float16"), "target.dtpye: unknown key; known keys: model, dtype, device")
+
+
+def test_unknown_key_top_level():
+    refused(
+        {"target": {"model": "t"}, "decode": {}},
+        "decode: unknown key; known keys: target, draft, decoding, drafter",
+    )
+    # name/source are not profile keys
+    refused({"target": {"model": "t"}, "name": "x"}, "name: unknown key")
+
+
+@pytest.mark.parametrize("data", [[1, 2], "target", 3, None])
+def test_top_level_not_a_mapping(data):
+    refused(data, "profile: expected a mapping with keys target, draft, decoding, drafter, got")
+
+
+def test_section_not_a_mapping():
+    refused({"target": "llava"}, 'target: expected a mapping with keys model, dtype, device')
+    refused({"target": {"model": "t"}, "decoding": [5]}, "decoding: expected a mapping with keys gamma")
+
+
+def test_missing_target():
+    refused({"decoding": {"gamma": 3}}, 'target: required key is missing; add "target:" at the top level')
+
+
+def test_missing_target_model():
+    refused({"target": {"dtype": "float16"}}, 'target.model: required key is missing; add "model:" under "target"')
+    refused({"target": None}, "target.model: required key is missing")
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write(tmp_path, text, name="my-profile.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_load_by_path(tmp_path):
+    path = write(tmp_path, yaml.safe_dump(GOOD))
+    profile = load_profile(str(path))
+    assert profile.name == "my-profile"
+    assert profile.source == str(path)
+    assert profile == profile_from_dict(GOOD, name="my-profile", source=str(path))
+
+
+def test_load_by_path_without_suffix_or_separator(tmp_path, monkeypatch):
+    write(tmp_path, "target: {model: t}\n", name="plainfile")
+    monkeypatch.chdir(tmp_path)
+    assert load_profile("plainfile").target.model == "t"
+
+
+def test_load_yml_suffix(tmp_path):
+    assert load_profile(str(write(tmp_path, "target: {model: t}\n", name="p.yml"))).name == "p"
+
+
+def test_validation_error_names_the_file(tmp_path):
+    path = write(tmp_path, "target: {model: t}\ndecoding: {gamma: five}\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    assert str(info.value) == f'decoding.gamma: expected an integer between 1 and 64, got "five" (in profile {path})'
+
+
+def test_malformed_yaml(tmp_path):
+    path = write(tmp_path, "target:\n  model: t\n  dtype: [float16\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    message = str(info.value)
+    assert f"profile {path} is not valid YAML at line" in message
+    assert "column" in message
+    assert "\n" not in message
+
+
+def test_malformed_yaml_line_column(tmp_path):
+    path = write(tmp_path, "target:\n  model: t\n bad: : x\n")
+    with pytest.raises(ProfileError, match=r"at line 3, column \d+"):
+        load_profile(str(path))
+
+
+def test_non_mapping_file(tmp_path):
+    path = write(tmp_path, "- a\n- b\n")
+    with pytest.raises(ProfileError, match=r"profile: expected a mapping .*got \[\"a\", \"b\"\] \(in profile "):
+        load_profile(str(path))
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ProfileError, match=f"profile file {missing} doesn't exist"):
+        load_profile(str(missing))
+    with pytest.raises(ProfileError, match="doesn't exist"):
+        load_profile("some/dir/profile")
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(ProfileError, match="is not a file"):
+        load_profile(str(tmp_path) + "/")
+
+
+def test_unknown_name_lists_names():
+    with pytest.raises(ProfileError) as info:
+        load_profile("llava99")
+    message = str(info.value)
+    assert 'unknown profile "llava99"' in message
+    for name in BUILTINS:
+        assert name in message
+
+
+def test_none_without_default_profile():
+    assert profiles.DEFAULT_PROFILE is None
+    with pytest.raises(ProfileError) as info:
+        load_profile(None)
+    message = str(info.value)
+    assert "no profile given; pass --profile NAME|PATH" in message
+    assert all(name in message for name in BUILTINS)
+
+
+def test_none_uses_default_profile_when_set(monkeypatch):
+    monkeypatch.setattr(profiles, "DEFAULT_PROFILE", "llava15-7b")
+    assert load_profile(None).name == "llava15-7b"
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def test_apply_overrides():
+    base = profile_from_dict(GOOD)
+    new = apply_overrides(base, gamma=7, max_new_tokens=16, temperature=0, top_p=1, top_k=5, seed=0, drafter="t")
+    assert new.decoding == DecodingSpec(7, 16, 0.0, 1.0, 5, 0)
+    assert isinstance(new.decoding.temperature, float)
+    assert new.drafter == "t"
+    assert new.target == base.target and new.draft == base.draft and new.name == base.name
+    assert base.decoding.gamma == 3  # original untouched
+
+
+def test_apply_overrides_ignores_none():
+    base = profile_from_dict(GOOD)
+    assert apply_overrides(base, gamma=None, temperature=None, drafter=None) == base
+    assert apply_overrides(base) == base
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"gamma": 0}, "--gamma: expected an integer between 1 and 64, got 0"),
+        ({"gamma": True}, "--gamma: expected an integer between 1 and 64, got true"),
+        ({"max_new_tokens": 0}, "--max-new-tokens: expected an integer >= 1, got 0"),
+        ({"temperature": -1}, "--temperature: expected a number >= 0, got -1"),
+        ({"top_p": 0.0}, "--top-p: expected a number in (0, 1], got 0.0"),
+        ({"top_k": 0}, "--top-k: expected an integer >= 1, got 0"),
+        ({"seed": "x"}, '--seed: expected an integer >= 0, got "x"'),
+        ({"drafter": ""}, '--drafter: expected a non-empty string, got ""'),
+    ],
+)
+def test_apply_overrides_refuses_bad_values(overrides, message):
+    with pytest.raises(ProfileError) as info:
+        apply_overrides(profile_from_dict(GOOD), **overrides)
+    assert str(info.value) == message
+
+
+def test_apply_overrides_unknown_name_is_a_programming_error():
+    with pytest.raises(TypeError, match="gama"):
+        apply_overrides(profile_from_dict(GOOD), gama=3)
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+@pytest.mark.parametrize("data", [GOOD, {"target": {"model": "t"}}])
+def test_round_trip(data):
+    profile = profile_from_dict(data, name="n", source="s")
+    plain = profile_to_dict(profile)
+    assert set(plain) == {"target", "draft", "decoding", "drafter"}
+    dumped = yaml.safe_load(yaml.safe_dump(plain))
+    assert profile_from_dict(dumped, name="n", source="s") == profile
+
+
+def test_builtin_round_trip():
+    for name in BUILTINS:
+        profile = load_profile(name)
+        assert profile_from_dict(profile_to_dict(profile), name=profile.name, source=profile.source) == profile
+
+
+def test_profile_is_a_dataclass_with_expected_fields():
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(Profile)] == ["name", "source", "target", "draft", "decoding", "drafter"]
