@@ -7,7 +7,7 @@ import pytest
 from mmspec_cli.models import load_model
 from mmspec_cli.profiles import ModelSpec
 
-from . import tiny_llava as tiny
+from mmspec_cli import tiny
 
 
 def load(path: str, role: str):

@@ -1,4 +1,4 @@
-"""Tiny LLaVA models built in-process for the tests.
+"""Tiny LLaVA families built in-process, for tests and CPU benchmarks.
 
 A byte-level BPE tokenizer trained with `tokenizers`, a CLIPImageProcessor from a config,
 a LlavaProcessor with a LLaVA-1.5 style chat template, and LlavaForConditionalGeneration
