@@ -1,0 +1,139 @@
+"""Greedy speculative decoding must reproduce the target's own ``generate`` token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmspec_cli import tiny
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.prompts import render_prompt
+
+QUESTION = "what is in the image?"
+FOLLOW_UP = "and how many shapes are there?"
+MAX_NEW = 24
+
+
+def reference(target, questions, answers, n_images, max_new_tokens=MAX_NEW):
+    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
+    text = render_prompt(target.processor, questions, answers, n_images)
+    inputs = target.processor(images=tiny.images(n_images) or None, text=text, return_tensors="pt")
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def decode(models, drafter, draft="perturbed", gamma=3, max_new_tokens=MAX_NEW, n_images=1, questions=(QUESTION,)):
+    target = models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, models[draft]), gamma=gamma,
+                                 max_new_tokens=max_new_tokens)
+    return decoder.generate(tiny.images(n_images), list(questions))
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models):
+    return {n: reference(tiny_models["target"], [QUESTION], [], n) for n in (0, 1, 2)}
+
+
+@pytest.mark.parametrize("drafter", ["ar", "m", "t"])
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_greedy_equals_target_generate(tiny_models, refs, drafter, gamma, n_images):
+    generation = decode(tiny_models, drafter, gamma=gamma, n_images=n_images)
+    assert generation.turns[0].token_ids == refs[n_images]
+
+
+@pytest.mark.parametrize("draft, expect", [("same", "all"), ("random", "none"), ("perturbed", "some")])
+@pytest.mark.parametrize("drafter", ["m", "t"])
+def test_lossless_whatever_the_draft_quality(tiny_models, refs, draft, expect, drafter):
+    turn = decode(tiny_models, drafter, draft=draft, gamma=5).turns[0]
+    assert turn.token_ids == refs[1]
+    rate = turn.stats.acceptance_rate
+    if expect == "all" and drafter == "m":  # the target drafting for itself, with the same images
+        assert rate == 1.0
+    elif expect == "none":
+        assert rate < 0.2
+    elif expect == "some" and drafter == "m":
+        assert 0.0 < rate < 1.0
+
+
+def test_block_statistics_are_consistent(tiny_models):
+    turn = decode(tiny_models, "m", gamma=4).turns[0]
+    assert sum(len(b.tokens) for b in turn.blocks) == turn.stats.new_tokens == len(turn.token_ids)
+    assert turn.stats.blocks == len(turn.blocks)
+    assert turn.stats.block_efficiency == pytest.approx(turn.stats.new_tokens / turn.stats.blocks)
+    for block in turn.blocks:
+        assert len(block.draft) <= 4
+        assert block.tokens[: block.accepted] == block.draft[: block.accepted]
+        assert 1 <= len(block.tokens) <= len(block.draft) + 1
+
+
+def test_max_new_tokens_is_exact_at_a_block_boundary(tiny_models):
+    ref = reference(tiny_models["target"], [QUESTION], [], 1, max_new_tokens=7)
+    turn = decode(tiny_models, "m", draft="same", gamma=5, max_new_tokens=7).turns[0]
+    assert turn.token_ids == ref and len(ref) == 7
+    assert [len(b.draft) for b in turn.blocks] == [5, 0]  # γ shrinks so the last block cannot overshoot
+
+
+def test_eos_inside_a_block_ends_the_turn(tiny_models, refs, monkeypatch):
+    ref = refs[1]
+    k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i])  # a token first seen at position k
+    monkeypatch.setattr(tiny_models["target"].model.generation_config, "eos_token_id", ref[k])
+    expected = reference(tiny_models["target"], [QUESTION], [], 1)
+    assert expected == ref[: k + 1]
+    turn = decode(tiny_models, "m", draft="same", gamma=8).turns[0]
+    assert turn.token_ids == expected
+    last = turn.blocks[-1]
+    assert last.tokens[-1] == ref[k] and len(last.draft) > len(last.tokens) - 1  # cut inside the block
+
+
+def test_two_turns_equal_generate_and_reuse_the_cache(tiny_models):
+    target = tiny_models["target"]
+    fed = []
+    hook = target.model.register_forward_hook(lambda mod, args, kwargs, out: fed.append(kwargs["input_ids"].shape[1]),
+                                              with_kwargs=True)
+    try:
+        generation = decode(tiny_models, "m", gamma=3, n_images=1, questions=(QUESTION, FOLLOW_UP))
+    finally:
+        hook.remove()
+    first, second = generation.turns
+    assert first.token_ids == reference(target, [QUESTION], [], 1)
+    assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], 1)
+    turn2_prompt = render_prompt(target.processor, [QUESTION, FOLLOW_UP], [first.text], 1)
+    turn2_len = len(target.processor(images=tiny.images(1), text=turn2_prompt)["input_ids"][0])
+    first_call_of_turn2 = fed[first.stats.blocks]
+    assert first_call_of_turn2 < turn2_len  # only the new part of the prompt was fed
+
+
+def test_no_chat_template_falls_back_to_llava15_format(tiny_models):
+    target = tiny_models["no_template"]
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    assert text == f"USER: <image>\n{QUESTION} ASSISTANT:"
+    decoder = SpeculativeDecoder(target, build_drafter("t", target, tiny_models["perturbed"]), gamma=3,
+                                 max_new_tokens=MAX_NEW)
+    inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
+    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
+    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == ref.tolist()
+
+
+def test_raw_prompt_is_used_verbatim(tiny_models):
+    target = tiny_models["target"]
+    raw = "USER: <image>\n<image>\nCompare them. ASSISTANT:"
+    decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,
+                                 max_new_tokens=MAX_NEW)
+    inputs = target.processor(images=tiny.images(2), text=raw, return_tensors="pt")
+    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
+    assert decoder.generate(tiny.images(2), [], raw_prompt=raw).turns[0].token_ids == ref.tolist()
+
+
+def test_text_only_view_replaces_each_image_by_one_newline(tiny_models):
+    from mmspec_cli.prompts import newline_token_id, text_only_ids
+
+    tok = tiny_models["target"].tokenizer
+    text = "USER: <image><image>\nhi ASSISTANT:"
+    ids = tok(text)["input_ids"]
+    out = text_only_ids(tok, text, tiny.IMAGE_TOKEN_ID, 2)
+    newline = newline_token_id(tok)
+    assert len(out) == len(ids) and tiny.IMAGE_TOKEN_ID not in out
+    assert [t for t, s in zip(out, ids) if s == tiny.IMAGE_TOKEN_ID] == [newline, newline]
+    assert torch.tensor(out).ne(tiny.IMAGE_TOKEN_ID).all()
