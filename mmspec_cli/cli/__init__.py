@@ -1,0 +1,1 @@
+"""The ``mmspec`` command line (``app.py``), one module per command."""

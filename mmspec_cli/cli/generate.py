@@ -1,0 +1,64 @@
+"""``mmspec generate``: answer questions about images, showing how each block was verified."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from mmspec_cli.errors import InputError
+from mmspec_cli.images import load_images
+from mmspec_cli.profiles import Profile, apply_overrides, load_profile
+
+NO_QUESTION = "no question given; pass one with -q TEXT (repeat -q for a conversation)"
+
+
+def generate(
+    images: Annotated[list[str] | None, typer.Argument(metavar="IMAGE", help="Image files, in prompt order.",
+                                                       show_default=False)] = None,
+    question: Annotated[list[str] | None, typer.Option("-q", "--question", metavar="TEXT",
+                                                       help="A question; repeat for a multi-turn conversation.",
+                                                       show_default=False)] = None,
+    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, or ar (no drafting).")] = None,
+    gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
+    temperature: Annotated[float | None, typer.Option(metavar="X", help="0 for greedy decoding.")] = None,
+    top_p: Annotated[float | None, typer.Option(metavar="X", help="Nucleus sampling mass, in (0, 1].")] = None,
+    top_k: Annotated[int | None, typer.Option(metavar="N", help="Sample from the N likeliest tokens.")] = None,
+    seed: Annotated[int | None, typer.Option(metavar="N", help="Random seed for sampling.")] = None,
+    raw_prompt: Annotated[str | None, typer.Option(metavar="TEXT", help=(
+        "The whole prompt of one turn, bypassing the chat template; one <image> per image."))] = None,
+    no_live: Annotated[bool, typer.Option("--no-live", help="Print plain text even on a terminal.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: texts, token ids, blocks, stats.")] = False,
+) -> None:
+    """Answer questions about images with lossless speculative decoding.
+
+    Flags override the profile's values; all of them are checked before a model is loaded.
+    """
+    pictures = load_images(images or [])
+    questions = question or []
+    if not questions and raw_prompt is None:
+        raise InputError(NO_QUESTION)
+    chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens,
+                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)
+
+
+def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None, live: bool,
+         as_json: bool) -> None:
+    """Load the models, decode, and show the result in the chosen output mode."""
+    from mmspec_cli import display  # the engine pulls in torch and transformers: import only when needed
+    from mmspec_cli.api import decoder_from_profile
+
+    decoder = decoder_from_profile(profile)
+    if as_json:
+        generation = decoder.generate(pictures, questions, raw_prompt)
+        typer.echo(json.dumps(display.generation_json(generation, profile.name)))
+        return
+    tokenizer = decoder.target.tokenizer
+    with display.LiveView(tokenizer) if live else display.PlainView(tokenizer) as view:
+        for event in decoder.stream(pictures, questions, raw_prompt):
+            view.handle(event)

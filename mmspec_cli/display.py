@@ -1,0 +1,151 @@
+"""What ``mmspec generate`` shows: coloured live text, plain streamed text, summaries, JSON.
+
+Colours (live mode): accepted draft tokens green, tokens the target emitted itself
+(corrections and bonus tokens) bold cyan, and the rejected draft tokens of the latest
+block struck through in red after the text, until the next block replaces them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from .engine import BlockVerified, Event, Generation, TurnFinished, TurnResult, TurnStarted
+from .metrics import RunStats
+
+ACCEPTED = "green"
+EMITTED = "bold cyan"
+REJECTED = "red strike"
+INCOMPLETE_CHAR = "\ufffd"
+
+
+class IncrementalText:
+    """The text of a growing token list, handed out piece by piece.
+
+    The whole list is decoded each time and only the new suffix is returned, so a token
+    that splits a character, or that carries a word's leading space, comes out right; an
+    incomplete character at the end is held back until later tokens complete it.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def add(self, ids: Sequence[int]) -> str:
+        """Append ``ids``; return the text they add."""
+        self.ids.extend(ids)
+        text = self._decode(self.ids).rstrip(INCOMPLETE_CHAR)
+        new = text[self.shown:]
+        self.shown = max(self.shown, len(text))
+        return new
+
+    def peek(self, ids: Sequence[int]) -> str:
+        """The text ``ids`` would add, without appending them."""
+        return self._decode(self.ids + list(ids))[self.shown:]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
+
+
+def color_block(text: IncrementalText, block: BlockVerified) -> tuple[Text, Text]:
+    """The text ``block`` adds (accepted drafts, then the target's token) and its rejected drafts."""
+    kept = Text.assemble((text.add(block.tokens[: block.accepted]), ACCEPTED))
+    rejected = Text(text.peek(block.draft[block.accepted:]), style=REJECTED)
+    kept.append(text.add(block.tokens[block.accepted:]), style=EMITTED)
+    return kept, rejected
+
+
+def summary_line(stats: RunStats) -> str:
+    """One line of turn statistics; acceptance rate ``-`` when nothing was drafted."""
+    rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
+    return (f"{stats.new_tokens} new tokens, {stats.blocks} blocks, block efficiency {stats.block_efficiency:.2f}, "
+            f"acceptance rate {rate}, {stats.tokens_per_s:.1f} tokens/s, {stats.wall_s:.2f} s")
+
+
+class LiveView:
+    """Renders events on a terminal with rich ``Live``, one live region per turn."""
+
+    def __init__(self, tokenizer: Any, console: Console | None = None):
+        self.tokenizer = tokenizer
+        self.console = console or Console()
+        self.live: Live | None = None
+        self.text = Text()
+        self.decoded = IncrementalText(tokenizer)
+
+    def __enter__(self) -> LiveView:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop()
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, TurnStarted):
+            self._start(event)
+        elif isinstance(event, BlockVerified):
+            kept, rejected = color_block(self.decoded, event)
+            self.text.append_text(kept)
+            self.live.update(Text.assemble(self.text, rejected), refresh=True)
+        elif isinstance(event, TurnFinished):
+            self._stop()
+            self.console.print(summary_line(event.result.stats), style="dim", highlight=False, soft_wrap=True)
+
+    def _start(self, event: TurnStarted) -> None:
+        self.console.print(Text(f"> {event.question}", style="dim"), soft_wrap=True)
+        self.text = Text()
+        self.decoded = IncrementalText(self.tokenizer)
+        self.live = Live(Text(), console=self.console, auto_refresh=False)
+        self.live.start()
+
+    def _stop(self) -> None:
+        """Leave the turn's text without the struck-through tail."""
+        if self.live is not None:
+            self.live.update(self.text, refresh=True)
+            self.live.stop()
+            self.live = None
+
+
+class PlainView:
+    """Streams each turn's text to stdout as it is verified; summaries go to stderr."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.decoded = IncrementalText(tokenizer)
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, TurnStarted):
+            self.decoded = IncrementalText(self.tokenizer)
+        elif isinstance(event, BlockVerified):
+            typer.echo(self.decoded.add(event.tokens), nl=False)
+        elif isinstance(event, TurnFinished):
+            typer.echo()
+            typer.echo(summary_line(event.result.stats), err=True)
+
+
+def block_json(block: BlockVerified) -> dict:
+    out = {"draft": block.draft, "accepted": block.accepted, "emitted": block.emitted}
+    if block.weights is not None:
+        out["weights"] = block.weights
+    return out
+
+
+def turn_json(turn: TurnResult) -> dict:
+    return {"question": turn.question, "text": turn.text, "token_ids": turn.token_ids,
+            "stats": turn.stats.as_dict(), "blocks": [block_json(b) for b in turn.blocks]}
+
+
+def generation_json(generation: Generation, profile: str) -> dict:
+    """The ``--json`` object of a whole run."""
+    return {"drafter": generation.drafter, "profile": profile,
+            "turns": [turn_json(t) for t in generation.turns], "stats": generation.stats.as_dict()}
