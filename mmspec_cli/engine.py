@@ -51,6 +51,7 @@ class BlockVerified:
     tokens: list[int]
     draft_s: float
     verify_s: float
+    update_s: float = 0.0  # the drafter's learning from the verified block (TABED evidence)
     weights: list[float] | None = None
 
 
@@ -169,8 +170,11 @@ class SpeculativeDecoder:
             t0 = time.perf_counter()
             draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
             t1 = time.perf_counter()
-            verdict = self._verify(prompt.ids + generated, draft, prompt.vision, picker)
+            verdict, target_logits = self._verify(prompt.ids + generated, draft, prompt.vision, picker)
             t2 = time.perf_counter()
+            if len(draft):
+                self.drafter.observe(target_logits, draft, verdict, picker)
+            t3 = time.perf_counter()
             new_tokens, finished = cut_after_eos(draft.tokens[: verdict.accepted] + [verdict.next_token], self.eos)
             kept_drafts = min(verdict.accepted, len(new_tokens))
             generated.extend(new_tokens)
@@ -179,7 +183,7 @@ class SpeculativeDecoder:
             block = BlockVerified(
                 turn=turn, index=len(blocks), draft=list(draft.tokens), accepted=kept_drafts,
                 emitted=verdict.next_token if len(new_tokens) > kept_drafts else None,
-                tokens=new_tokens, draft_s=t1 - t0, verify_s=t2 - t1, weights=draft.weights,
+                tokens=new_tokens, draft_s=t1 - t0, verify_s=t2 - t1, update_s=t3 - t2, weights=draft.weights,
             )
             blocks.append(block)
             yield block
@@ -188,10 +192,10 @@ class SpeculativeDecoder:
         text_out = self.target.tokenizer.decode(generated, skip_special_tokens=True).strip()
         return TurnResult(question=question, text=text_out, token_ids=generated, stats=stats, blocks=blocks)
 
-    def _verify(self, context: list[int], draft: Draft, vision: dict, picker: TokenPicker) -> Verdict:
+    def _verify(self, context: list[int], draft: Draft, vision: dict, picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
         """ONE target forward over the verified context plus the draft; then the verification rule."""
         logits = self.runner.logits(context + draft.tokens, keep=len(draft) + 1, vision=vision)  # (γ+1, V)
         tokens = torch.tensor(draft.tokens, dtype=torch.long)
         if picker.greedy:
-            return verify_greedy(tokens, logits)
-        return verify_sampling(tokens, draft.probs, picker.distribution(logits), picker.generator)
+            return verify_greedy(tokens, logits), logits
+        return verify_sampling(tokens, draft.probs, picker.distribution(logits), picker.generator), logits

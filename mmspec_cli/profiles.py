@@ -231,6 +231,58 @@ class DecodingSpec:
     seed: int | None = _key(_optional(_integer(0)), None)
 
 
+MEMBER_LETTERS = ("m", "t", "c", "p")
+POLICIES = ("grid", "softmax", "adaboost", "random", "static")
+
+
+def _members(value: Any, path: str) -> tuple[str, ...]:
+    """A list of distinct drafting letters (m, t, c, p), at least two."""
+    expected = "a list of at least two distinct letters from m, t, c, p (e.g. [m, t])"
+    if not isinstance(value, list) or len(value) < 2 or len(set(value)) != len(value):
+        _fail(path, expected, value)
+    if any(v not in MEMBER_LETTERS for v in value):
+        _fail(path, expected, value)
+    return tuple(value)
+
+
+def _window(value: Any, path: str) -> int | None:
+    """``all`` (None) or an integer h >= 1, the last h verified positions."""
+    if value is None or value == "all":
+        return None
+    if not _is_int(value) or value < 1:
+        _fail(path, 'an integer >= 1 or "all"', value)
+    return value
+
+
+@dataclass(frozen=True)
+class EnsembleSpec:
+    """TABED ensemble settings (TABED §5.1, App. B); used by ``tabed`` and static ensembles."""
+
+    members: tuple[str, ...] = _key(_members, ("m", "t"))
+    policy: str = _key(_choice(*POLICIES), "grid")
+    distance: str = _key(_choice("kl", "tvd"), "kl")
+    labels: str = _key(_choice("soft", "hard"), "soft")
+    window: int | None = _key(_window, None)
+    grid_steps: int = _key(_integer(1), 10)
+    tau: float = _key(_number("a number > 0", lambda x: x > 0), 1.0)
+    adaboost_c: float = _key(_number("a number >= 0", lambda x: x >= 0), 1.0)
+
+
+@dataclass(frozen=True)
+class CaptionerSpec(ModelSpec):
+    """The captioning model for caption drafting (``c``): a ModelSpec plus how to prompt it."""
+
+    prompt: str | None = _key(_optional(_string), None)
+    max_new_tokens: int = _key(_integer(1), 32)
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    """Pooled drafting (``p``): the side of the 2-D average-pooling kernel (2: 576 -> 144 tokens)."""
+
+    kernel: int = _key(_integer(1, 16), 2)
+
+
 @dataclass(frozen=True)
 class Profile:
     """A validated profile. ``name``/``source`` say where it came from; the rest are keys."""
@@ -241,6 +293,9 @@ class Profile:
     draft: ModelSpec | None = _key(_section(ModelSpec, optional=True), None)
     decoding: DecodingSpec = _key(_section(DecodingSpec), factory=DecodingSpec)
     drafter: str = _key(_string, "m")
+    ensemble: EnsembleSpec = _key(_section(EnsembleSpec), factory=EnsembleSpec)
+    captioner: CaptionerSpec | None = _key(_section(CaptionerSpec, optional=True), None)
+    pooling: PoolingSpec = _key(_section(PoolingSpec), factory=PoolingSpec)
 
 
 # --------------------------------------------------------------------------- public API
@@ -381,6 +436,8 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     def plain(obj: Any) -> Any:
         if dataclasses.is_dataclass(obj):
             return {f.name: plain(getattr(obj, f.name)) for f in _keys(type(obj))}
+        if isinstance(obj, tuple):
+            return list(obj)
         return obj
 
     return plain(profile)

@@ -19,7 +19,6 @@ from mmspec_cli.cli.generate import generate
 
 app = typer.Typer(
     name="mmspec",
-    help="Lossless speculative decoding for vision-language models (LLaVA family).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -36,7 +36,8 @@ def generate(
 ) -> None:
     """Answer questions about images with lossless speculative decoding.
 
-    Flags override the profile's values; all of them are checked before a model is loaded.
+    Flags override the profile's values; images, questions and flag values are checked before any
+    model is loaded.
     """
     pictures = load_images(images or [])
     questions = question or []

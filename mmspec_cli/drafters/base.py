@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..sampling import TokenPicker
+from ..verify import Verdict
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
+
+    def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
+        """See the target's logits (γ+1, V) for the block just verified; adaptive drafters learn here."""
 
 
 class NoDrafter(Drafter):

@@ -1,26 +1,109 @@
-"""Drafter names -> drafter objects."""
+"""Drafter names -> drafter objects.
+
+Names: ``ar``; single methods ``m``, ``t``, ``c``, ``p``; static ensembles, any combination
+of those letters without repeats (``mt``, ``mtc``, ``mtcp``, ...; IbED Alg. 1, equal
+weights); ``tabed`` (members from the profile's ``ensemble.members``, default ``[m, t]``)
+and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``).
+``m`` and ``t`` alone run on the plain cached-model path, which works with any
+image-text-to-text draft class; everything else runs as rows of one batched forward
+(:mod:`.rows`), which needs a LLaVA-1.5-style draft.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+from ..captioner import Captioner
+from ..ensemble import PolicyConfig
 from ..errors import InputError
 from ..models import LoadedModel
 from .base import Drafter, NoDrafter
+from .ensemble import EnsembleDrafter
 from .single import SingleModelDrafter, multimodal_view, text_only_view
+from .views import caption_row, multimodal_row, pooled_row, text_only_row
 
-DRAFTER_NAMES = ("ar", "m", "t")
+LETTERS = "mtcp"
+DRAFTER_NAMES = ("ar", "m", "t", "c", "p", "mt", "mtc", "mtcp", "tabed", "tabed:mtcp")  # examples shown in help
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """What a drafter name means: its members and whether weights adapt (TABED) or stay equal."""
+
+    name: str
+    members: tuple[str, ...]
+    adaptive: bool
+
+    @property
+    def needs_draft(self) -> bool:
+        return bool(self.members)
+
+    @property
+    def needs_captioner(self) -> bool:
+        return "c" in self.members
+
+
+def _letters(name: str, letters: str) -> tuple[str, ...]:
+    for letter in letters:
+        if letter not in LETTERS:
+            raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
+                             f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or use ar")
+        if letters.count(letter) > 1:
+            raise InputError(f"drafter '{name}' repeats '{letter}'; name each member once, e.g. mt")
+    return tuple(letters)
+
+
+def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> DrafterPlan:
+    """Parse a drafter name; one-line InputError for unknown or repeated letters."""
+    if name == "ar":
+        return DrafterPlan(name, (), adaptive=False)
+    if name == "tabed":
+        return DrafterPlan(name, tuple(default_members), adaptive=True)
+    if name.startswith("tabed:"):
+        members = _letters(name, name.split(":", 1)[1])
+        if len(members) < 2:
+            raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
+        return DrafterPlan(name, members, adaptive=True)
+    if not name:
+        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, or tabed")
+    return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
 def check_drafter_name(name: str) -> str:
-    if name not in DRAFTER_NAMES:
-        raise InputError(f"unknown drafter '{name}'; choose one of: {', '.join(DRAFTER_NAMES)}")
+    parse_drafter(name)
     return name
 
 
-def build_drafter(name: str, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    check_drafter_name(name)
-    if name == "ar":
+def build_drafter(
+    name: str,
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    ensemble: PolicyConfig | None = None,
+    default_members: tuple[str, ...] = ("m", "t"),
+    pool_kernel: int = 2,
+    captioner: Captioner | None = None,
+    seed: int = 0,
+) -> Drafter:
+    plan = parse_drafter(name, default_members)
+    if not plan.needs_draft:
         return NoDrafter()
     if draft is None:
         raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use --drafter ar")
-    view = multimodal_view(draft) if name == "m" else text_only_view(draft)
-    return SingleModelDrafter(name, draft, view, target_vocab=target.vocab_size)
+    if plan.needs_captioner and captioner is None:
+        raise InputError(f"drafter '{name}' uses caption drafting (c) but the profile has no captioner; "
+                         f"add `captioner: {{model: ...}}` to the profile")
+    if plan.members in (("m",), ("t",)):
+        view = multimodal_view(draft) if plan.members == ("m",) else text_only_view(draft)
+        return SingleModelDrafter(name, draft, view, target_vocab=target.vocab_size)
+    views = {
+        "m": lambda: multimodal_row(draft),
+        "t": lambda: text_only_row(draft),
+        "c": lambda: caption_row(draft, captioner),
+        "p": lambda: pooled_row(draft, pool_kernel),
+    }
+    policy = ensemble or PolicyConfig()
+    if not plan.adaptive:
+        policy = dataclasses.replace(policy, policy="static")
+    return EnsembleDrafter(name, plan.members, [views[m]() for m in plan.members], draft,
+                           target_vocab=target.vocab_size, policy=policy, seed=seed)

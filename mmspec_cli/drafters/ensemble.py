@@ -1,0 +1,78 @@
+"""In-batch ensemble drafting: static (IbED Alg. 1) and test-time adaptive (TABED Alg. 1).
+
+All members are rows of ONE batched forward of ONE draft model (:mod:`.rows`). At each
+draft step every row yields a next-token distribution q_k; they are mixed with the
+block's weights, q = Σ_k w_k q_k, and one token is chosen from q (argmax when greedy, a
+draw when sampling) and appended to every row. The verifier receives q itself, which keeps
+the ensemble lossless under sampling. After verification the drafter records, for each
+verified position, the target's p and every q_k; the weight policy (:mod:`..ensemble`)
+picks the next block's weights from that evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..ensemble import PolicyConfig, WeightPolicy, mixture
+from ..models import LoadedModel
+from ..sampling import TokenPicker
+from ..verify import Verdict
+from .base import Draft, Drafter
+from .rows import BatchedRows
+from .single import fit_vocab
+from .views import RowView
+
+
+def member_distributions(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+    """Per-row q_k (B, V): softmax(logits / T) shaped like the target's p; T = 1 when greedy."""
+    if picker.greedy:
+        return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+    return picker.distribution(logits)
+
+
+class EnsembleDrafter(Drafter):
+    """Members ``names`` (e.g. "m", "t") drafted as rows of one batch and mixed by ``policy``."""
+
+    def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
+                 target_vocab: int, policy: PolicyConfig, seed: int = 0):
+        self.name = name
+        self.members = list(members)
+        self.views = list(views)
+        self.target_vocab = target_vocab
+        self.rows = BatchedRows(draft.model, draft.image_token_id)
+        self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
+        self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
+        self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last block
+
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        self.prefix = self.rows.begin([view(prompt_text, images) for view in self.views])
+        self.policy.reset()
+
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
+        shared = self.prefix + list(generated)
+        tokens: list[int] = []
+        members_q, mixed_q = [], []
+        for _ in range(gamma):
+            q_k = member_distributions(fit_vocab(self.rows.logits(shared), self.target_vocab), picker)  # (m, V)
+            q = mixture(q_k, weights)  # (V,)
+            token = int(q.argmax()) if picker.greedy else picker.choose_from(q)
+            tokens.append(token)
+            members_q.append(q_k)
+            mixed_q.append(q)
+            shared.append(token)
+        self._block_q = torch.stack(members_q) if members_q else None
+        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(mixed_q),
+                     weights=[float(w) for w in weights])
+
+    def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
+        """Record the verified positions: those whose prefix the target accepted (accepted + 1, at most γ)."""
+        if self._block_q is None or not self.policy.uses_evidence:
+            return
+        n = min(verdict.accepted + 1, len(draft))
+        kept = torch.tensor((draft.tokens[: verdict.accepted] + [verdict.next_token])[:n])
+        p = member_distributions(target_logits[:n], picker)  # (n, V)
+        self.policy.observe(p, self._block_q[:n].to(p), kept)

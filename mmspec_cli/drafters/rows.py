@@ -1,0 +1,172 @@
+"""Several prompt rows of ONE draft model, run as one batch (IbED Alg. 1, TABED Alg. 1).
+
+Each ensemble member is a row. Rows differ only in their prompt (the "head": how the
+images are shown to the draft); everything after it, the generated tokens and later turns'
+text, is the same for all rows ("shared" tokens). Heads are left-padded to a common length
+with an attention mask, and each row gets its own positions, so every draft step is one
+forward for all rows and each row computes what it would compute alone. Rolling back
+after verification crops all rows' caches together (``Cache.crop``).
+
+Inputs are given as embeddings (``inputs_embeds``): text embeddings with each image's
+placeholder positions filled by its projected vision features, optionally average-pooled
+in their 2-D patch grid first (pooled drafting, TABED §6.1). This uses the model's own
+vision tower, projector and embedding table; nothing in transformers is patched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from ..errors import ModelLoadError
+from ..runner import common_prefix_length, crop_to
+
+
+@dataclass(frozen=True)
+class Row:
+    """One member's prompt: ids (image placeholders already sized for ``pool``) and its pixels."""
+
+    ids: list[int]
+    pixel_values: torch.Tensor | None = None
+    pool: int = 1  # kernel of the 2-D average pooling of vision features; 1 = none
+
+
+def llava_parts(model):
+    """(vision tower, projector) of a LLaVA-1.5-style draft, refused with a clear line otherwise."""
+    inner = getattr(model, "model", model)
+    tower = getattr(inner, "vision_tower", None)
+    projector = getattr(inner, "multi_modal_projector", None)
+    layer = getattr(model.config, "vision_feature_layer", None)
+    if tower is None or projector is None or not isinstance(layer, int):
+        raise ModelLoadError(
+            f"batched ensemble and pooled drafting need a LLaVA-1.5-style draft (LlavaForConditionalGeneration, "
+            f"one vision feature layer); got {type(model).__name__}; use a single drafter such as m or t"
+        )
+    return tower, projector
+
+
+def image_features(model, pixel_values: torch.Tensor, pool: int = 1) -> torch.Tensor:
+    """Projected vision features (n_images, tokens, H), pooled with a ``pool``×``pool`` kernel.
+
+    LLaVA's own path (vision tower, select layer and strategy, projector), with the pooling
+    inserted before the projector: 576 patch tokens (24×24) -> 144 with kernel 2.
+    """
+    tower, projector = llava_parts(model)
+    config = model.config
+    hidden = tower(pixel_values.to(model.device, model.dtype), output_hidden_states=True,
+                   return_dict=True).hidden_states[config.vision_feature_layer]  # (n, 1+P, C)
+    if config.vision_feature_select_strategy == "default":
+        hidden = hidden[:, 1:]  # drop CLS: (n, P, C)
+    if pool > 1:
+        n, patches, channels = hidden.shape
+        side = math.isqrt(patches)
+        grid = hidden.transpose(1, 2).reshape(n, channels, side, side)  # (n, C, s, s)
+        hidden = F.avg_pool2d(grid, kernel_size=pool).flatten(2).transpose(1, 2)  # (n, P/pool², C)
+    return projector(hidden)
+
+
+def pooled_token_count(tokens_per_image: int, pool: int) -> int:
+    side = math.isqrt(tokens_per_image)
+    return (side // pool) ** 2
+
+
+def row_embeddings(model, row: Row, image_token_id: int | None) -> torch.Tensor:
+    """(L, H) input embeddings of one row, image placeholders replaced by vision features."""
+    ids = torch.tensor(row.ids, dtype=torch.long, device=model.device)
+    embeds = model.get_input_embeddings()(ids)  # (L, H)
+    if row.pixel_values is not None and image_token_id is not None:
+        features = image_features(model, row.pixel_values, row.pool).reshape(-1, embeds.shape[-1])
+        slots = ids == image_token_id
+        if int(slots.sum()) != features.shape[0]:
+            raise ValueError(f"{int(slots.sum())} image placeholders but {features.shape[0]} image features")
+        embeds = embeds.masked_scatter(slots[:, None], features.to(embeds.dtype))
+    return embeds
+
+
+class BatchedRows:
+    """The KV cache of a batch of rows: left-padded heads, then shared tokens fed to all rows."""
+
+    def __init__(self, model, image_token_id: int | None):
+        self.model = model
+        self.image_token_id = image_token_id
+        self.heads: list[list[int]] = []
+        self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
+        self.cache = DynamicCache(config=model.config)
+        self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.last_logits: torch.Tensor | None = None
+        self.head_logits: torch.Tensor | None = None
+
+    @property
+    def width(self) -> int:
+        return len(self.heads)
+
+    def begin(self, rows: Sequence[Row]) -> list[int]:
+        """Use these rows' prompts; returns the shared tokens that must precede the generated ones.
+
+        When every new prompt extends its row's old head by the same tokens (a later turn of
+        the same conversation), the cached heads are kept and those tokens become shared.
+        Otherwise the batch is prefilled anew.
+        """
+        if len(rows) == self.width and self.width:
+            tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
+            if len(tails) == self.width and all(t == tails[0] for t in tails) and self.image_token_id not in tails[0]:
+                return list(tails[0])
+        self._prefill(rows)
+        return []
+
+    @torch.inference_mode()
+    def _prefill(self, rows: Sequence[Row]) -> None:
+        embeds = [row_embeddings(self.model, r, self.image_token_id) for r in rows]
+        length = max(e.shape[0] for e in embeds)
+        hidden = embeds[0].shape[-1]
+        batch = torch.zeros(len(rows), length, hidden, dtype=embeds[0].dtype, device=self.model.device)  # (B, L, H)
+        mask = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # (B, L)
+        for b, e in enumerate(embeds):
+            batch[b, length - e.shape[0]:] = e
+            mask[b, length - e.shape[0]:] = 1
+        self.cache = DynamicCache(config=self.model.config)
+        self.heads = [list(r.ids) for r in rows]
+        self.shared = []
+        self.mask = mask
+        self.head_logits = self._forward(length, inputs_embeds=batch)
+        self.last_logits = self.head_logits
+
+    def _forward(self, fresh: int, **inputs) -> torch.Tensor:
+        """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V)."""
+        positions = (self.mask.cumsum(1) - 1).clamp_min(0)[:, -fresh:]  # (B, fresh): each row counts its own tokens
+        out = self.model(attention_mask=self.mask, position_ids=positions, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1, **inputs)
+        return out.logits[:, -1]
+
+    def _rollback(self, keep: int) -> None:
+        """Keep the heads and the first ``keep`` shared tokens in the cache and the mask."""
+        head_len = self.mask.shape[1] - len(self.shared)
+        crop_to(self.cache, head_len + keep)
+        self.mask = self.mask[:, : head_len + keep]
+        self.shared = self.shared[:keep]
+
+    @torch.inference_mode()
+    def logits(self, shared: Sequence[int]) -> torch.Tensor:
+        """Next-token logits (B, V) of every row after its head and ``shared``."""
+        keep = common_prefix_length(self.shared, shared)
+        if keep == len(shared):  # nothing new to feed
+            if keep == len(self.shared):
+                return self.last_logits
+            if keep == 0:
+                self._rollback(0)
+                self.last_logits = self.head_logits
+                return self.head_logits
+            keep -= 1  # re-feed the last token to get its logits
+        self._rollback(keep)
+        fresh = list(shared[keep:])
+        ones = torch.ones(self.width, len(fresh), dtype=torch.long, device=self.mask.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, head + shared)
+        self.shared = list(shared)
+        ids = torch.tensor([fresh] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
+        self.last_logits = self._forward(len(fresh), input_ids=ids)
+        return self.last_logits

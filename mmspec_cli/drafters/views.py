@@ -1,0 +1,55 @@
+"""How each ensemble member shows the turn's prompt to the draft model: one :class:`Row` each.
+
+- ``m`` multimodal (TABED §4): the images through the draft's vision tower, and the text;
+- ``t`` text-only (Gagrani; TABED App. I.2): each image becomes one newline token;
+- ``c`` caption (TABED §6.1, App. I.2): each image becomes the tokens of "image: <caption>";
+- ``p`` pooled (TABED §6.1; IbED §5.1): the images with vision features average-pooled
+  ``kernel``×``kernel`` in their patch grid, the placeholder run shrunk to match (576 -> 144).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..captioner import Captioner
+from ..models import LoadedModel
+from ..prompts import process, replace_image_tokens, text_only_ids
+from .rows import Row, pooled_token_count
+
+RowView = Callable[[str, Sequence[Any]], Row]
+
+
+def multimodal_row(draft: LoadedModel) -> RowView:
+    def view(text: str, images: Sequence[Any]) -> Row:
+        prompt = process(draft.processor, text, images)
+        return Row(ids=prompt.ids, pixel_values=prompt.vision.get("pixel_values"))
+
+    return view
+
+
+def text_only_row(draft: LoadedModel) -> RowView:
+    return lambda text, images: Row(ids=text_only_ids(draft.tokenizer, text, draft.image_token_id, len(images)))
+
+
+def caption_row(draft: LoadedModel, captioner: Captioner) -> RowView:
+    def view(text: str, images: Sequence[Any]) -> Row:
+        tokenizer = draft.tokenizer
+        captions = [tokenizer(f"image: {captioner.caption(img)}", add_special_tokens=False)["input_ids"] for img in images]
+        return Row(ids=replace_image_tokens(tokenizer(text)["input_ids"], draft.image_token_id, captions))
+
+    return view
+
+
+def pooled_row(draft: LoadedModel, kernel: int) -> RowView:
+    image_id = draft.image_token_id
+
+    def view(text: str, images: Sequence[Any]) -> Row:
+        prompt = process(draft.processor, text, images)
+        per_image = len([t for t in prompt.ids if t == image_id]) // max(len(images), 1)
+        kept = pooled_token_count(per_image, kernel)
+        unexpanded = draft.tokenizer(text)["input_ids"]
+        ids = replace_image_tokens(unexpanded, image_id, [[image_id] * kept] * len(images))
+        return Row(ids=ids, pixel_values=prompt.vision.get("pixel_values"), pool=kernel)
+
+    return view
