@@ -135,7 +135,7 @@ class WeightPolicy:
 
     ``grid`` scores every simplex grid point; ``softmax`` and ``adaboost`` score each member
     alone (the one-hot candidates) and turn the scores into weights; ``random`` and
-    ``static`` use no evidence. The first block (no evidence yet) uses equal weights.
+    ``static`` use no evidence. The first block of a turn uses equal weights, whatever the policy.
     """
 
     def __init__(self, members: int, config: PolicyConfig, vocab_size: int, seed: int = 0):
@@ -151,6 +151,7 @@ class WeightPolicy:
 
     def reset(self) -> None:
         self.evidence = Evidence(len(self.candidates), self.config.window)
+        self.blocks = 0  # blocks drafted since the reset
 
     @property
     def uses_evidence(self) -> bool:
@@ -159,9 +160,12 @@ class WeightPolicy:
     def weights(self) -> torch.Tensor:
         cfg = self.config
         equal = torch.full((self.members,), 1.0 / self.members, dtype=torch.float64)
+        self.blocks += 1
+        if self.blocks == 1 or cfg.policy == "static":
+            return equal
         if cfg.policy == "random":
             return random_simplex_point(self.members, self.generator)
-        if cfg.policy == "static" or self.evidence.count == 0:
+        if self.evidence.count == 0:
             return equal
         ev = self.evidence
         if cfg.policy == "grid":

@@ -33,6 +33,20 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Tensor] | None) -> bool:
+    """Whether two sets of image tensors are the same images (identity first, then values)."""
+    a, b = a or {}, b or {}
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if x is y:
+            continue
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape or not torch.equal(x, y):
+            return False
+    return True
+
+
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Keep the first ``length`` positions of every layer (``Cache.crop`` takes a negative count)."""
     excess = cache.get_seq_length() - length
@@ -50,10 +64,12 @@ class CachedModel:
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
         self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
+        self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.ids = []
+        self.vision = {}
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -63,6 +79,8 @@ class CachedModel:
         they are used only when the part to feed contains placeholders.
         """
         reuse = common_prefix_length(self.ids, ids)
+        if reuse and self.image_token_id in self.ids[:reuse] and not same_tensors(self.vision, vision):
+            reuse = 0  # same placeholder ids, other images: the cached image positions are stale
         reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
         fresh = ids[reuse:]
         image_kwargs: Mapping[str, torch.Tensor] = {}
@@ -88,6 +106,8 @@ class CachedModel:
                 f"(or 8bit), a smaller dtype such as float16, or a shorter prompt"
             ) from exc
         self.ids = list(ids)
+        if image_kwargs:
+            self.vision = dict(image_kwargs)
         return out.logits[0, -keep:]  # (keep, V)
 
 

@@ -137,3 +137,18 @@ def test_text_only_view_replaces_each_image_by_one_newline(tiny_models):
     assert len(out) == len(ids) and tiny.IMAGE_TOKEN_ID not in out
     assert [t for t, s in zip(out, ids) if s == tiny.IMAGE_TOKEN_ID] == [newline, newline]
     assert torch.tensor(out).ne(tiny.IMAGE_TOKEN_ID).all()
+
+
+def test_a_reused_decoder_sees_the_new_image(tiny_models):
+    """Placeholder ids are the same for every image: the cache must not keep the old image's positions."""
+    target = tiny_models["target"]
+    for name in ("m", "mt"):
+        decoder = SpeculativeDecoder(target, build_drafter(name, target, tiny_models["perturbed"]), gamma=3,
+                                     max_new_tokens=MAX_NEW)
+        first, second = tiny.images(2)
+        decoder.generate([first], [QUESTION])
+        text = render_prompt(target.processor, [QUESTION], [], 1)
+        inputs = target.processor(images=[second], text=text, return_tensors="pt")
+        ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
+        assert decoder.generate([second], [QUESTION]).turns[0].token_ids == ref.tolist()
+        assert decoder.generate([first], [QUESTION]).turns[0].token_ids != ref.tolist()

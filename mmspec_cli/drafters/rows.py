@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ..errors import ModelLoadError
-from ..runner import common_prefix_length, crop_to
+from ..runner import common_prefix_length, crop_to, same_tensors
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,7 @@ class BatchedRows:
         self.model = model
         self.image_token_id = image_token_id
         self.heads: list[list[int]] = []
+        self.pixels: list[dict[str, torch.Tensor]] = []  # each head's image tensors
         self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
         self.cache = DynamicCache(config=model.config)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
@@ -112,7 +113,9 @@ class BatchedRows:
         the same conversation), the cached heads are kept and those tokens become shared.
         Otherwise the batch is prefilled anew.
         """
-        if len(rows) == self.width and self.width:
+        same_images = all(same_tensors({"x": r.pixel_values} if r.pixel_values is not None else {}, old)
+                          for r, old in zip(rows, self.pixels))
+        if len(rows) == self.width and self.width and same_images:
             tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
             if len(tails) == self.width and all(t == tails[0] for t in tails) and self.image_token_id not in tails[0]:
                 return list(tails[0])
@@ -131,6 +134,7 @@ class BatchedRows:
             mask[b, length - e.shape[0]:] = 1
         self.cache = DynamicCache(config=self.model.config)
         self.heads = [list(r.ids) for r in rows]
+        self.pixels = [{"x": r.pixel_values} if r.pixel_values is not None else {} for r in rows]
         self.shared = []
         self.mask = mask
         self.head_logits = self._forward(length, inputs_embeds=batch)

@@ -1,0 +1,170 @@
+"""The batched ensemble inside the engine: rows equal members run alone, and decoding stays lossless."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mmspec_cli import tiny
+from mmspec_cli.captioner import Captioner
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters.registry import parse_drafter
+from mmspec_cli.drafters.rows import BatchedRows
+from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
+from mmspec_cli.drafters.views import caption_row, pooled_row
+from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.ensemble import PolicyConfig
+from mmspec_cli.errors import InputError
+from mmspec_cli.models import load_model
+from mmspec_cli.profiles import ModelSpec
+from mmspec_cli.prompts import render_prompt
+from mmspec_cli.sampling import SamplingParams
+
+from .test_engine_greedy import QUESTION, reference
+from .test_engine_sampling import RUNS, chi_square_p_value, exact_joint
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def captioner(tiny_models):
+    return Captioner(tiny_models["perturbed"], max_new_tokens=6)
+
+
+def decoder(models, name, captioner, policy=PolicyConfig(), gamma=3, max_new_tokens=MAX_NEW, draft="perturbed",
+            sampling=SamplingParams(), target="target"):
+    t = models[target]
+    drafter = build_drafter(name, t, models[draft], ensemble=policy, captioner=captioner, pool_kernel=2)
+    return SpeculativeDecoder(t, drafter, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models):
+    return {n: reference(tiny_models["target"], [QUESTION], [], n) for n in (0, 1, 2)}
+
+
+@pytest.mark.parametrize("name", ["c", "p", "mt", "mtcp", "tabed", "tabed:mtcp"])
+@pytest.mark.parametrize("gamma", [1, 5])
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_greedy_equals_target_generate(tiny_models, refs, captioner, name, gamma, n_images):
+    generation = decoder(tiny_models, name, captioner, gamma=gamma).generate(tiny.images(n_images), [QUESTION])
+    assert generation.turns[0].token_ids == refs[n_images]
+
+
+@pytest.mark.parametrize("policy", [
+    PolicyConfig(policy="grid"), PolicyConfig(policy="grid", labels="hard", distance="tvd", window=3),
+    PolicyConfig(policy="softmax"), PolicyConfig(policy="softmax", labels="hard", tau=0.5),
+    PolicyConfig(policy="adaboost"), PolicyConfig(policy="random"), PolicyConfig(policy="static"),
+], ids=lambda p: f"{p.policy}-{p.labels}-{p.distance}")
+def test_every_tabed_policy_is_lossless(tiny_models, refs, captioner, policy):
+    generation = decoder(tiny_models, "tabed:mtp", captioner, policy=policy, gamma=4).generate(tiny.images(1), [QUESTION])
+    turn = generation.turns[0]
+    assert turn.token_ids == refs[1]
+    weights = [b.weights for b in turn.blocks if b.weights is not None]
+    assert weights[0] == pytest.approx([1 / 3] * 3)  # the first block uses equal weights
+    assert all(sum(w) == pytest.approx(1.0) for w in weights)
+
+
+def test_two_turns_keep_the_batched_heads(tiny_models, captioner):
+    t = tiny_models["target"]
+    dec = decoder(tiny_models, "tabed", captioner)
+    prefills = []
+    original = BatchedRows._prefill
+    dec.drafter.rows._prefill = lambda rows: (prefills.append(len(rows)), original(dec.drafter.rows, rows))
+    first, second = dec.generate(tiny.images(1), [QUESTION, "and then?"]).turns
+    assert second.token_ids == reference(t, [QUESTION, "and then?"], [first.text], 1)
+    assert prefills == [2]  # the second turn extended the rows instead of prefilling again
+
+
+def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, captioner):
+    """float32 draft; ≥ 10 blocks with rollbacks; every step's per-member q compared with that member alone."""
+    draft = load_model(ModelSpec(model=tiny_dirs["perturbed"], dtype="float32", device="cpu"), "draft")
+    target = load_model(ModelSpec(model=tiny_dirs["target"], dtype="float64", device="cpu"), "target")
+    drafter = build_drafter("mtcp", target, draft, captioner=captioner, pool_kernel=2)
+    images = tiny.images(2)
+    text = render_prompt(target.processor, [QUESTION], [], 2)
+    blocks = []
+    propose = drafter.propose
+
+    def recording(generated, gamma, picker):
+        out = propose(generated, gamma, picker)
+        blocks.append((list(generated), list(out.tokens), drafter._block_q.clone()))
+        return out
+
+    drafter.propose = recording
+    turn = SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=48).generate(images, [QUESTION]).turns[0]
+    assert len(blocks) >= 10 and any(b.accepted < len(b.draft) for b in turn.blocks)  # rollbacks happened
+
+    vocab = target.vocab_size
+    alone = {
+        "m": SingleModelDrafter("m", draft, multimodal_view(draft), vocab),
+        "t": SingleModelDrafter("t", draft, text_only_view(draft), vocab),
+    }
+    single_rows = {"c": caption_row(draft, captioner), "p": pooled_row(draft, 2)}
+    for d in alone.values():
+        d.begin_turn(text, images)
+    rows = {k: BatchedRows(draft.model, draft.image_token_id) for k in single_rows}
+    prefixes = {k: rows[k].begin([view(text, images)]) for k, view in single_rows.items()}
+    for generated, tokens, block_q in blocks:
+        for step in range(len(tokens)):
+            context = generated + tokens[:step]
+            for k, member in enumerate(drafter.members):
+                if member in alone:
+                    d = alone[member]
+                    logits = d.runner.logits(d.prompt.ids + context, 1, d.prompt.vision)[-1]
+                else:
+                    logits = rows[member].logits(prefixes[member] + context)[0]
+                expected = torch.softmax(logits.float(), -1)
+                assert torch.allclose(block_q[step, k], expected, atol=1e-4), (member, step)
+
+
+@pytest.mark.parametrize("name, policy", [("mt", PolicyConfig()), ("tabed:mc", PolicyConfig(policy="grid"))])
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, name, policy):
+    params = SamplingParams(temperature=1.0, top_k=4)
+    joint = exact_joint(tiny_models["target"])
+    dec = decoder(tiny_models, name, captioner, policy=policy, gamma=2, max_new_tokens=3, draft="random",
+                  sampling=params)
+    counts = {}
+    for seed in range(RUNS):
+        dec.seed = seed
+        ids = tuple(dec.generate(tiny.images(1), [QUESTION]).turns[0].token_ids[:2])
+        counts[ids] = counts.get(ids, 0) + 1
+    from collections import Counter
+
+    assert chi_square_p_value(Counter(counts), joint, RUNS) > 1e-3
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("mx", "unknown letter 'x'"), ("mtm", "repeats 'm'"), ("tabed:mm", "repeats 'm'"), ("tabed:m", "at least two"),
+    ("tabed:mq", "unknown letter 'q'"), ("", "empty drafter name"),
+])
+def test_bad_drafter_names_are_one_line_errors(name, fragment):
+    with pytest.raises(InputError, match=fragment) as info:
+        parse_drafter(name)
+    assert "\n" not in str(info.value)
+
+
+def test_caption_drafting_without_a_captioner_is_refused(tiny_models):
+    with pytest.raises(InputError, match="no captioner"):
+        build_drafter("mtc", tiny_models["target"], tiny_models["perturbed"])
+
+
+def test_tabed_uses_the_profile_members_and_policy():
+    plan = parse_drafter("tabed", ("m", "t", "p"))
+    assert plan.members == ("m", "t", "p") and plan.adaptive
+    assert parse_drafter("tabed:ct").members == ("c", "t")
+    assert not parse_drafter("mtcp").adaptive
+
+
+def test_captions_are_computed_once_per_image(tiny_models):
+    cap = Captioner(tiny_models["perturbed"], prompt="Caption this.", max_new_tokens=4)
+    calls = []
+    original = cap._generate
+    cap._generate = lambda image: (calls.append(1), original(image))[1]
+    img = tiny.images(1)[0]
+    first = cap.caption(img)
+    assert cap.caption(img.copy()) == first and len(calls) == 1  # same pixels, new object: cached
+    cap.caption(tiny.images(2)[1])
+    assert len(calls) == 2 and cap.seconds > 0
