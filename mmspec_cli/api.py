@@ -9,46 +9,67 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from .captioner import Captioner
 from .drafters import build_drafter, parse_drafter
 from .engine import SpeculativeDecoder
 from .ensemble import PolicyConfig
 from .errors import InputError
-from .models import check_compatible, load_model
+from .models import LoadedModel, check_compatible, load_model
 from .profiles import Profile, apply_overrides, load_profile
 from .sampling import SamplingParams
 
 
-def decoder_from_profile(profile: Profile) -> SpeculativeDecoder:
-    """Load the profile's models (the draft only if the drafter needs one) and build the decoder.
+@dataclass
+class ModelSet:
+    """The models a profile names, loaded once and shared by the decoders of several drafters."""
 
-    Everything that can be refused (drafter name, missing draft, tokenizer mismatch) is
-    refused here, before any decoding starts.
-    """
-    plan = parse_drafter(profile.drafter, profile.ensemble.members)
-    if plan.needs_captioner and profile.captioner is None:
-        raise InputError(f"drafter '{plan.name}' uses caption drafting (c) but the profile has no captioner; "
-                         f"add `captioner: {{model: ...}}` to the profile")
-    target = load_model(profile.target, "target", multi_gpu_ok=True)
-    draft = None
-    if plan.needs_draft and profile.draft is not None:
-        draft = load_model(profile.draft, "draft")
-        check_compatible(target, draft)
-    captioner = None
-    if plan.needs_captioner:
-        spec = profile.captioner
-        captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
-    decoding = profile.decoding
-    return SpeculativeDecoder(
-        target,
-        build_drafter(profile.drafter, target, draft, ensemble=policy_config(profile),
-                      default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
-                      captioner=captioner, seed=decoding.seed or 0),
-        gamma=decoding.gamma,
-        max_new_tokens=decoding.max_new_tokens,
-        sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
-        seed=decoding.seed,
-    )
+    profile: Profile
+    target: LoadedModel
+    draft: LoadedModel | None = None
+    captioner: Captioner | None = None
+
+    @classmethod
+    def load(cls, profile: Profile, drafters: Sequence[str]) -> "ModelSet":
+        """Load what ``drafters`` need: the draft only if one drafts, the captioner only for ``c``.
+
+        Everything that can be refused (drafter names, missing captioner, tokenizer mismatch)
+        is refused here, before any decoding starts.
+        """
+        plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
+        for plan in plans:
+            if plan.needs_captioner and profile.captioner is None:
+                raise InputError(f"drafter '{plan.name}' uses caption drafting (c) but the profile has no captioner; "
+                                 f"add `captioner: {{model: ...}}` to the profile")
+        models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
+        if any(p.needs_draft for p in plans) and profile.draft is not None:
+            models.draft = load_model(profile.draft, "draft")
+            check_compatible(models.target, models.draft)
+        if any(p.needs_captioner for p in plans):
+            spec = profile.captioner
+            models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
+        return models
+
+    def decoder(self, drafter: str) -> SpeculativeDecoder:
+        """A fresh decoder (own KV caches) for ``drafter`` over the shared models."""
+        profile, decoding = self.profile, self.profile.decoding
+        return SpeculativeDecoder(
+            self.target,
+            build_drafter(drafter, self.target, self.draft, ensemble=policy_config(profile),
+                          default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
+                          captioner=self.captioner, seed=decoding.seed or 0),
+            gamma=decoding.gamma,
+            max_new_tokens=decoding.max_new_tokens,
+            sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
+            seed=decoding.seed,
+        )
+
+
+def decoder_from_profile(profile: Profile) -> SpeculativeDecoder:
+    """Load the profile's models and build the decoder of its drafter."""
+    return ModelSet.load(profile, [profile.drafter]).decoder(profile.drafter)
 
 
 def policy_config(profile: Profile) -> PolicyConfig:

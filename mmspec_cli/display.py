@@ -61,6 +61,18 @@ def color_block(text: IncrementalText, block: BlockVerified) -> tuple[Text, Text
     return kept, rejected
 
 
+def weight_bars(members: Sequence[str], weights: Sequence[float], width: int = 10) -> Text:
+    """A small bar per ensemble member, e.g. ``m ███████··· 0.70  t ███······· 0.30``."""
+    bars = Text()
+    for name, w in zip(members, weights):
+        filled = round(w * width)
+        bars.append(f"{name} ", style="bold")
+        bars.append("█" * filled, style="magenta")
+        bars.append("·" * (width - filled), style="dim")
+        bars.append(f" {w:.2f}  ")
+    return bars
+
+
 def summary_line(stats: RunStats) -> str:
     """One line of turn statistics; acceptance rate ``-`` when nothing was drafted."""
     rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
@@ -71,8 +83,9 @@ def summary_line(stats: RunStats) -> str:
 class LiveView:
     """Renders events on a terminal with rich ``Live``, one live region per turn."""
 
-    def __init__(self, tokenizer: Any, console: Console | None = None):
+    def __init__(self, tokenizer: Any, console: Console | None = None, members: Sequence[str] = ()):
         self.tokenizer = tokenizer
+        self.members = members
         self.console = console or Console()
         self.live: Live | None = None
         self.text = Text()
@@ -90,7 +103,10 @@ class LiveView:
         elif isinstance(event, BlockVerified):
             kept, rejected = color_block(self.decoded, event)
             self.text.append_text(kept)
-            self.live.update(Text.assemble(self.text, rejected), refresh=True)
+            shown = Text.assemble(self.text, rejected)
+            if event.weights is not None and self.members:
+                shown = Text("\n").join([shown, weight_bars(self.members, event.weights)])
+            self.live.update(shown, refresh=True)
         elif isinstance(event, TurnFinished):
             self._stop()
             self.console.print(summary_line(event.result.stats), style="dim", highlight=False, soft_wrap=True)
@@ -140,12 +156,16 @@ def block_json(block: BlockVerified) -> dict:
     return out
 
 
-def turn_json(turn: TurnResult) -> dict:
-    return {"question": turn.question, "text": turn.text, "token_ids": turn.token_ids,
-            "stats": turn.stats.as_dict(), "blocks": [block_json(b) for b in turn.blocks]}
+def turn_json(turn: TurnResult, members: Sequence[str] = ()) -> dict:
+    out = {"question": turn.question, "text": turn.text, "token_ids": turn.token_ids}
+    if members:
+        out["members"] = list(members)  # the order of each block's "weights"
+    out.update(stats=turn.stats.as_dict(), blocks=[block_json(b) for b in turn.blocks])
+    return out
 
 
 def generation_json(generation: Generation, profile: str) -> dict:
     """The ``--json`` object of a whole run."""
     return {"drafter": generation.drafter, "profile": profile,
-            "turns": [turn_json(t) for t in generation.turns], "stats": generation.stats.as_dict()}
+            "turns": [turn_json(t, generation.members) for t in generation.turns],
+            "stats": generation.stats.as_dict()}

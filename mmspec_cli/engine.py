@@ -21,10 +21,9 @@ from typing import Any
 import torch
 
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter
-from .errors import InputError
 from .metrics import RunStats
 from .models import LoadedModel
-from .prompts import check_raw_prompt, process, render_prompt
+from .prompts import check_questions, check_raw_prompt, process, render_prompt
 from .runner import CachedModel
 from .sampling import SamplingParams, TokenPicker
 from .verify import Verdict, verify_greedy, verify_sampling
@@ -77,6 +76,7 @@ Event = TurnStarted | BlockVerified | TurnFinished
 class Generation:
     drafter: str
     turns: list[TurnResult]
+    members: tuple[str, ...] = ()  # the order of each block's ensemble weights
 
     @property
     def stats(self) -> RunStats:
@@ -134,17 +134,13 @@ class SpeculativeDecoder:
                 on_event(event)
             if isinstance(event, TurnFinished):
                 turns.append(event.result)
-        return Generation(drafter=self.drafter.name, turns=turns)
+        return Generation(drafter=self.drafter.name, turns=turns, members=self.drafter.members)
 
     def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None) -> Iterator[Event]:
         """Yield events turn by turn. ``raw_prompt`` (one turn) replaces the chat template."""
+        questions = check_questions(questions, raw_prompt)
         if raw_prompt is not None:
             check_raw_prompt(raw_prompt, self.target.processor, len(images))
-            questions = [raw_prompt] if not questions else questions
-            if len(questions) != 1:
-                raise InputError("--raw-prompt gives the whole prompt of one turn; drop -q or pass only --raw-prompt")
-        elif not questions:
-            raise InputError("no question given; pass one with -q TEXT (repeat -q for a conversation)")
         picker = TokenPicker(self.sampling, self.seed)
         answers: list[str] = []
         for turn, question in enumerate(questions):

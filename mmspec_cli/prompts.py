@@ -65,6 +65,20 @@ def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[st
     return llava15_prompt(messages, image_placeholder(processor), eos)
 
 
+NO_QUESTION = "no question given; pass one with -q TEXT (repeat -q for a conversation)"
+
+
+def check_questions(questions: Sequence[str], raw_prompt: str | None) -> list[str]:
+    """The turns to run: the questions, or the one ``--raw-prompt`` turn. Refuses neither or both."""
+    if raw_prompt is None:
+        if not questions:
+            raise InputError(NO_QUESTION)
+        return list(questions)
+    if questions:
+        raise InputError("--raw-prompt gives the whole prompt of one turn; drop -q or pass only --raw-prompt")
+    return [raw_prompt]
+
+
 def check_raw_prompt(raw_prompt: str, processor: Any, n_images: int) -> None:
     """A ``--raw-prompt`` must hold exactly one image placeholder per image."""
     placeholder = image_placeholder(processor)

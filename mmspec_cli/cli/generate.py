@@ -8,11 +8,9 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.errors import InputError
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
-
-NO_QUESTION = "no question given; pass one with -q TEXT (repeat -q for a conversation)"
+from mmspec_cli.prompts import check_questions
 
 
 def generate(
@@ -22,7 +20,7 @@ def generate(
                                                        help="A question; repeat for a multi-turn conversation.",
                                                        show_default=False)] = None,
     profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
-    drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, or ar (no drafting).")] = None,
+    drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, mt, tabed, or ar (no drafting).")] = None,
     gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
     temperature: Annotated[float | None, typer.Option(metavar="X", help="0 for greedy decoding.")] = None,
@@ -36,13 +34,11 @@ def generate(
 ) -> None:
     """Answer questions about images with lossless speculative decoding.
 
-    Flags override the profile's values; images, questions and flag values are checked before any
-    model is loaded.
+    Flags override the profile; inputs and flag values are checked before any model is loaded.
     """
     pictures = load_images(images or [])
     questions = question or []
-    if not questions and raw_prompt is None:
-        raise InputError(NO_QUESTION)
+    check_questions(questions, raw_prompt)
     chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)
@@ -60,6 +56,7 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
         typer.echo(json.dumps(display.generation_json(generation, profile.name)))
         return
     tokenizer = decoder.target.tokenizer
-    with display.LiveView(tokenizer) if live else display.PlainView(tokenizer) as view:
+    view = display.LiveView(tokenizer, members=decoder.drafter.members) if live else display.PlainView(tokenizer)
+    with view:
         for event in decoder.stream(pictures, questions, raw_prompt):
             view.handle(event)

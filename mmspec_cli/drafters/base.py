@@ -37,9 +37,11 @@ EMPTY_DRAFT = Draft(tokens=[])
 
 
 class Drafter(ABC):
-    """A drafting method. ``name`` is the user-facing drafter name (``m``, ``t``, ...)."""
+    """A drafting method. ``name`` is the user-facing drafter name (``m``, ``t``, ...);
+    ``members`` the order of the weights an ensemble reports (empty for single drafters)."""
 
     name: str
+    members: tuple[str, ...] = ()
 
     @abstractmethod
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:

@@ -39,7 +39,7 @@ class EnsembleDrafter(Drafter):
     def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
                  target_vocab: int, policy: PolicyConfig, seed: int = 0):
         self.name = name
-        self.members = list(members)
+        self.members = tuple(members)
         self.views = list(views)
         self.target_vocab = target_vocab
         self.rows = BatchedRows(draft.model, draft.image_token_id)
