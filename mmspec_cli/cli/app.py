@@ -16,6 +16,7 @@ import typer
 from mmspec_cli import __version__
 from mmspec_cli.cli.errors import handles_errors
 from mmspec_cli.cli.generate import generate
+from mmspec_cli.cli.profile_latency import profile_latency
 
 app = typer.Typer(
     name="mmspec",
@@ -45,6 +46,7 @@ def _root(
 
 
 _register(generate)
+_register(profile_latency)
 
 
 def main() -> None:

@@ -1,0 +1,172 @@
+"""``mmspec profile-latency``: how long target verification and draft steps take on this machine.
+
+Measures T_p(1, S, γ) and T_q(B, S, 1) (TABED App. G), checks Remarks 1-3, prints the
+latency ratio c and the expected speedup of Eq. (1) for γ = 1..7, and caches the result
+for ``bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mmspec_cli.errors import InputError
+from mmspec_cli.profiles import load_profile
+
+GAMMAS_FOR_EQ1 = range(1, 8)
+
+
+def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; one-line error naming the flag otherwise."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < low for v in values):
+        raise InputError(f"{flag}: expected a comma-separated list of integers >= {low}, got \"{text}\"")
+    return sorted(set(values))
+
+
+def tau_from_results(path: Path) -> dict[str, float]:
+    """Mean block efficiency per drafter in a ``bench`` JSONL file (failed records and ``ar`` skipped)."""
+    if not path.is_file():
+        raise InputError(f"--results: '{path}' is not a file; pass a JSONL file written by mmspec bench --out")
+    values: dict[str, list[float]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"--results: line {number} of '{path}' is not JSON; pass a file written by mmspec bench") from None
+        if "block_efficiency" in record and record.get("drafter") != "ar":
+            values.setdefault(record["drafter"], []).append(float(record["block_efficiency"]))
+    if not values:
+        raise InputError(f"--results: '{path}' holds no drafter records with block_efficiency")
+    return {name: statistics.fmean(v) for name, v in values.items()}
+
+
+def profile_latency(
+    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    batch: Annotated[str, typer.Option(metavar="B,...", help="Draft batch rows (ensemble members).")] = "1,2,3,4",
+    seq: Annotated[str, typer.Option(metavar="S,...", help="Prefix lengths in tokens.")] = "512,1024,2048,3072",
+    gamma: Annotated[str, typer.Option(metavar="G,...", help="Tokens verified per target call.")] = "1,3,5,7",
+    repeat: Annotated[int, typer.Option(metavar="N", help="Timed repeats per point (median).")] = 10,
+    tau: Annotated[float | None, typer.Option(metavar="X", help="Block efficiency for Eq. (1).")] = None,
+    results: Annotated[Path | None, typer.Option(metavar="FILE", help="bench JSONL: use its block efficiencies.")] = None,
+    plot: Annotated[Path | None, typer.Option(metavar="FILE.png", help="Draw the latency curves (needs matplotlib).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Measure T_p and T_q, check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench."""
+    batches, seqs, gammas = parse_ints(batch, "--batch"), parse_ints(seq, "--seq"), parse_ints(gamma, "--gamma")
+    if repeat < 1:
+        raise InputError(f"--repeat: expected an integer >= 1, got {repeat}")
+    if tau is not None and tau < 1:
+        raise InputError(f"--tau: expected a block efficiency >= 1, got {tau}")
+    taus = tau_from_results(results) if results is not None else ({"--tau": tau} if tau is not None else {})
+    chosen = load_profile(profile)
+    if chosen.draft is None:
+        raise InputError("profile-latency times the draft too; add a `draft:` section to the profile")
+    if plot is not None:
+        _require_matplotlib()
+    _run(chosen, batches, seqs, gammas, repeat, taus, plot, as_json)
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("--plot needs matplotlib; install it with `pip install 'mmspec[plot]'`") from None
+
+
+def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
+    from mmspec_cli import latency
+    from mmspec_cli.metrics import expected_speedup
+    from mmspec_cli.models import load_model
+
+    target = load_model(profile.target, "target", multi_gpu_ok=True)
+    draft = load_model(profile.draft, "draft")
+    _check_lengths(target, draft, max(seqs) + max(gammas))
+    timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
+    result = latency.measure(target.model, draft.model, profile.target.model, profile.draft.model,
+                             batches, seqs, gammas, timer)
+    path = latency.save(result)
+    remarks = latency.check_remarks(result)
+    ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1}
+    speedups = {name: {g: expected_speedup(t, g, ratios[g]) for g in GAMMAS_FOR_EQ1} for name, t in taus.items()}
+    if plot is not None:
+        _plot(result, plot)
+    if as_json:
+        typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
+                               "target_ms": result.target_ms, "draft_ms": result.draft_ms,
+                               "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
+                               "expected_speedup": speedups, "tau": taus, "cache": str(path)}))
+        return
+    _print_tables(result, remarks, ratios, speedups, taus, batches[0], seqs[0], path)
+
+
+def _check_lengths(target, draft, needed: int) -> None:
+    for loaded in (target, draft):
+        limit = getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
+        if limit is not None and needed > limit:
+            raise InputError(f"--seq: the {loaded.role} model '{loaded.name}' takes at most {limit} positions, "
+                             f"but S + γ = {needed}; pass smaller --seq values")
+
+
+def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}")
+    tp = Table(title="T_p(1, S, γ) ms: one target verification of γ tokens")
+    tp.add_column("S")
+    for g in result.gammas:
+        tp.add_column(f"γ={g}", justify="right")
+    for s in result.seqs:
+        tp.add_row(str(s), *(f"{result.t_p(s, g):.2f}" for g in result.gammas))
+    tq = Table(title="T_q(B, S, 1) ms: one draft step with B rows")
+    tq.add_column("S")
+    for b in result.batches:
+        tq.add_column(f"B={b}", justify="right")
+    for s in result.seqs:
+        tq.add_row(str(s), *(f"{result.t_q(b, s):.2f}" for b in result.batches))
+    console.print(tp, tq)
+    for r in remarks:
+        verdict = "[green]holds[/]" if r.holds else "[red]does not hold[/]"
+        console.print(f"Remark {r.remark} ({r.statement}): worst |ΔT/T| = {r.worst:.1%} -> {verdict} here")
+    eq1 = Table(title=f"Latency ratio c = T_q(B={batch}, S={seq}, 1) / T_p(1, S={seq}, γ) and Eq. (1) τ/(γc+1)")
+    eq1.add_column("γ", justify="right")
+    eq1.add_column("c", justify="right")
+    for name in taus:
+        eq1.add_column(f"speedup {name} (τ={taus[name]:.2f})", justify="right")
+    for g, c in ratios.items():
+        eq1.add_row(str(g), f"{c:.3f}", *(f"{speedups[name][g]:.2f}x" for name in taus))
+    console.print(eq1)
+    if not taus:
+        console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
+    console.print(f"saved to {path} (bench reads it for Eq. (1))", style="dim")
+
+
+def _plot(result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for g in result.gammas:
+        left.plot(result.seqs, [result.t_p(s, g) for s in result.seqs], marker="o", label=f"γ={g}")
+    for b in result.batches:
+        right.plot(result.seqs, [result.t_q(b, s) for s in result.seqs], marker="o", label=f"B={b}")
+    left.set(title="target verification T_p(1, S, γ)", xlabel="S (tokens)", ylabel="ms")
+    right.set(title="draft step T_q(B, S, 1)", xlabel="S (tokens)", ylabel="ms")
+    left.legend()
+    right.legend()
+    fig.suptitle(result.device)
+    fig.tight_layout()
+    fig.savefig(path)

@@ -1,0 +1,176 @@
+"""Latency of target verification and draft steps (TABED App. G), and the ratio c of Eq. (1).
+
+- T_p(1, S, γ): one target forward verifying γ tokens after a cached prefix of S tokens;
+- T_q(B, S, 1): one draft forward of one token for each of B batch rows after S tokens.
+Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
+synchronized clock on CPU. The latency ratio used in Eq. (1) is
+c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block.
+Results are cached as JSON per device and model pair, so ``bench`` can report Eq. (1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from .runner import crop_to
+
+REMARK_TOLERANCE = 0.05  # TABED App. G: |ΔT/T| < 5%
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    device: str
+    target: str
+    draft: str
+    target_ms: dict[str, float] = field(default_factory=dict)  # "S,γ" -> ms of T_p(1, S, γ)
+    draft_ms: dict[str, float] = field(default_factory=dict)  # "B,S" -> ms of T_q(B, S, 1)
+
+    def t_p(self, seq: int, gamma: int) -> float:
+        return self.target_ms[f"{seq},{gamma}"]
+
+    def t_q(self, batch: int, seq: int) -> float:
+        return self.draft_ms[f"{batch},{seq}"]
+
+    @property
+    def seqs(self) -> list[int]:
+        return sorted({int(k.split(",")[0]) for k in self.target_ms})
+
+    @property
+    def gammas(self) -> list[int]:
+        return sorted({int(k.split(",")[1]) for k in self.target_ms})
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted({int(k.split(",")[0]) for k in self.draft_ms})
+
+    def ratio(self, batch: int = 1, seq: int | None = None, gamma: int | None = None) -> float:
+        """c = T_q(B, S, 1) / T_p(1, S, γ) at the measured grid point nearest to (B, S, γ)."""
+        s = _nearest(self.seqs, seq if seq is not None else self.seqs[0])
+        g = _nearest(self.gammas, gamma if gamma is not None else self.gammas[0])
+        b = _nearest(self.batches, batch)
+        return self.t_q(b, s) / self.t_p(s, g)
+
+
+def _nearest(values: Sequence[int], x: int) -> int:
+    return min(values, key=lambda v: (abs(v - x), v))
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine()}-{os.cpu_count()}cores-{torch.get_num_threads()}threads"
+
+
+class Timer:
+    """Median wall time of a callable: CUDA events on a GPU, a synchronized clock on CPU."""
+
+    def __init__(self, device: torch.device, warmup: int = 2, repeat: int = 10):
+        self.device, self.warmup, self.repeat = torch.device(device), warmup, repeat
+
+    def median_ms(self, run: Callable[[], None], reset: Callable[[], None] = lambda: None) -> float:
+        samples = []
+        for i in range(self.warmup + self.repeat):
+            reset()
+            elapsed = self._time(run)
+            if i >= self.warmup:
+                samples.append(elapsed)
+        return statistics.median(samples)
+
+    def _time(self, run: Callable[[], None]) -> float:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end)
+        begin = time.perf_counter()
+        run()
+        return (time.perf_counter() - begin) * 1000.0
+
+
+@torch.inference_mode()
+def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) -> float:
+    """Median time of one forward of ``new_tokens`` tokens per row after a cached prefix of ``seq``."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seq)
+    prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
+    step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return timer.median_ms(
+        run=lambda: model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=new_tokens),
+        reset=lambda: crop_to(cache, seq),
+    )
+
+
+def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[int], seqs: Sequence[int],
+            gammas: Sequence[int], timer: Timer) -> LatencyResult:
+    """The grid of T_p(1, S, γ) and T_q(B, S, 1); ``target``/``draft`` are the loaded models."""
+    target_ms = {f"{s},{g}": step_latency_ms(target, 1, s, g, timer) for s in seqs for g in gammas}
+    draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs}
+    return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms)
+
+
+@dataclass(frozen=True)
+class RemarkCheck:
+    remark: int
+    statement: str
+    worst: float  # the largest |ΔT/T| seen
+    holds: bool
+
+
+def _spread(times: Sequence[float]) -> float:
+    """Largest |ΔT/T| against the smallest value of a group."""
+    low = min(times)
+    return (max(times) - low) / low if low > 0 else 0.0
+
+
+def check_remarks(result: LatencyResult, tolerance: float = REMARK_TOLERANCE) -> list[RemarkCheck]:
+    """TABED Remarks 1-3 on this hardware, each as the worst |ΔT/T| over its groups."""
+    r1 = max((_spread([result.t_p(s, g) for g in result.gammas]) for s in result.seqs), default=0.0)
+    r2 = max((_spread([result.t_q(b, s) for s in result.seqs]) for b in result.batches), default=0.0)
+    r3 = max((_spread([result.t_q(b, s) for b in result.batches]) for s in result.seqs), default=0.0)
+    statements = {
+        1: "target: T_p(1, S, γ) does not depend on γ",
+        2: "draft: T_q(B, S, 1) does not depend on S",
+        3: "draft: T_q(B, S, 1) does not depend on B",
+    }
+    return [RemarkCheck(i, statements[i], worst, worst < tolerance) for i, worst in ((1, r1), (2, r2), (3, r3))]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("MMSPEC_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "mmspec")
+    return Path(base).expanduser() / "latency"
+
+
+def cache_path(device: str, target: str, draft: str) -> Path:
+    slug = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-") for part in (device, target, draft))
+    return cache_dir() / f"{slug}.json"
+
+
+def save(result: LatencyResult) -> Path:
+    path = cache_path(result.device, result.target, result.draft)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=2))
+    return path
+
+
+def load(device: str, target: str, draft: str) -> LatencyResult | None:
+    """The cached result for this device and model pair, or None."""
+    path = cache_path(device, target, draft)
+    if not path.exists():
+        return None
+    return LatencyResult(**json.loads(path.read_text()))

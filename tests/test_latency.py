@@ -1,0 +1,99 @@
+"""profile-latency: timing grid, TABED Remarks 1-3 on synthetic timings, the cache, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mmspec_cli import latency
+from mmspec_cli.cli.app import app
+from mmspec_cli.metrics import expected_speedup
+
+
+def synthetic(target_ms, draft_ms):
+    return latency.LatencyResult("dev", "t", "d", target_ms, draft_ms)
+
+
+def test_remarks_hold_for_flat_timings_and_fail_for_growing_ones():
+    flat = synthetic({"512,1": 10.0, "512,5": 10.3, "1024,1": 10.1, "1024,5": 10.4},
+                     {"1,512": 1.0, "1,1024": 1.02, "4,512": 1.03, "4,1024": 1.04})
+    assert [r.holds for r in latency.check_remarks(flat)] == [True, True, True]
+    growing = synthetic({"512,1": 10.0, "512,5": 12.0, "1024,1": 10.0, "1024,5": 10.2},
+                        {"1,512": 1.0, "1,1024": 1.3, "4,512": 1.0, "4,1024": 1.3})
+    r1, r2, r3 = latency.check_remarks(growing)
+    assert (r1.holds, r2.holds, r3.holds) == (False, False, True)
+    assert r1.worst == pytest.approx(0.2) and r2.worst == pytest.approx(0.3)
+
+
+def test_latency_ratio_uses_the_nearest_grid_point():
+    result = synthetic({"512,1": 10.0, "512,5": 20.0, "2048,5": 40.0, "2048,1": 30.0},
+                       {"1,512": 1.0, "4,512": 2.0, "1,2048": 3.0, "4,2048": 4.0})
+    assert result.ratio(batch=1, seq=500, gamma=5) == pytest.approx(1.0 / 20.0)
+    assert result.ratio(batch=3, seq=3000, gamma=1) == pytest.approx(4.0 / 30.0)
+    assert expected_speedup(2.29, 5, 0.063) == pytest.approx(1.74, abs=0.005)  # TABED App. G.1's worked example
+
+
+def test_results_are_cached_per_device_and_model_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = synthetic({"8,1": 1.0}, {"1,8": 0.5})
+    path = latency.save(result)
+    assert path.parent == tmp_path / "latency"
+    assert latency.load("dev", "t", "d") == result
+    assert latency.load("other-gpu", "t", "d") is None
+
+
+@pytest.fixture
+def profile_file(tmp_path, tiny_dirs):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({
+        "target": {"model": tiny_dirs["target"], "dtype": "float32", "device": "cpu"},
+        "draft": {"model": tiny_dirs["perturbed"], "dtype": "float32", "device": "cpu"},
+    }))
+    return path
+
+
+def test_cli_measures_a_small_grid_and_caches_it(profile_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    bench = tmp_path / "results.jsonl"
+    bench.write_text("\n".join(json.dumps(r) for r in [
+        {"drafter": "m", "block_efficiency": 3.0}, {"drafter": "m", "block_efficiency": 2.0},
+        {"drafter": "ar", "block_efficiency": 1.0}, {"drafter": "t", "error": "boom"}]) + "\n")
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--batch", "1,2",
+                                      "--seq", "16,32", "--gamma", "1,3", "--repeat", "2", "--results", str(bench),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data["target_ms"]) == {"16,1", "16,3", "32,1", "32,3"}
+    assert set(data["draft_ms"]) == {"1,16", "1,32", "2,16", "2,32"}
+    assert all(v > 0 for v in [*data["target_ms"].values(), *data["draft_ms"].values()])
+    assert [r["remark"] for r in data["remarks"]] == [1, 2, 3]
+    assert data["tau"] == {"m": 2.5}
+    c = data["latency_ratio"]["5"]
+    assert data["expected_speedup"]["m"]["5"] == pytest.approx(2.5 / (5 * c + 1))
+    cached = latency.LatencyResult(**json.loads(open(data["cache"]).read()))
+    assert cached.target_ms == data["target_ms"]
+
+
+def test_cli_table_output_names_the_remarks(profile_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--batch", "1",
+                                      "--seq", "8", "--gamma", "1,2", "--repeat", "1", "--tau", "2.0"])
+    assert result.exit_code == 0, result.output
+    assert "Remark 1" in result.stdout and "Eq. (1)" in result.stdout and "saved to" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--batch", "1,x"], "--batch: expected a comma-separated list"),
+    (["--gamma", "0"], "--gamma: expected a comma-separated list of integers >= 1"),
+    (["--seq", "5000"], "takes at most 1024 positions"),
+    (["--repeat", "0"], "--repeat: expected an integer >= 1"),
+    (["--tau", "0.5"], "--tau: expected a block efficiency >= 1"),
+])
+def test_bad_input_is_one_line_exit_2(profile_file, args, fragment):
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--repeat", "1", *args])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and fragment in lines[0]
