@@ -34,7 +34,9 @@ def test_text_only_model_class_is_refused(tmp_path):
 
 
 def test_unreachable_hub_id_says_to_pass_a_local_path(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: set the constant
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(ModelLoadError, match="pass a local path"):
         load_model(spec("nobody-here/no-such-model"), "target")
