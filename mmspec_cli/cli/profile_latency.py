@@ -123,19 +123,10 @@ def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> 
 
     console = Console()
     console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}")
-    tp = Table(title="T_p(1, S, γ) ms: one target verification of γ tokens")
-    tp.add_column("S")
-    for g in result.gammas:
-        tp.add_column(f"γ={g}", justify="right")
-    for s in result.seqs:
-        tp.add_row(str(s), *(f"{result.t_p(s, g):.2f}" for g in result.gammas))
-    tq = Table(title="T_q(B, S, 1) ms: one draft step with B rows")
-    tq.add_column("S")
-    for b in result.batches:
-        tq.add_column(f"B={b}", justify="right")
-    for s in result.seqs:
-        tq.add_row(str(s), *(f"{result.t_q(b, s):.2f}" for b in result.batches))
-    console.print(tp, tq)
+    console.print(_grid("T_p(1, S, γ) ms: one target verification of γ tokens", result.seqs,
+                        {f"γ={g}": (lambda s, g=g: result.t_p(s, g)) for g in result.gammas}))
+    console.print(_grid("T_q(B, S, 1) ms: one draft step with B rows", result.seqs,
+                        {f"B={b}": (lambda s, b=b: result.t_q(b, s)) for b in result.batches}))
     for r in remarks:
         verdict = "[green]holds[/]" if r.holds else "[red]does not hold[/]"
         console.print(f"Remark {r.remark} ({r.statement}): worst |ΔT/T| = {r.worst:.1%} -> {verdict} here")
@@ -150,6 +141,19 @@ def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> 
     if not taus:
         console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
     console.print(f"saved to {path} (bench reads it for Eq. (1))", style="dim")
+
+
+def _grid(title: str, seqs, columns: dict):
+    """A table with a row per prefix length S and a column per ``columns`` entry (name -> S -> ms)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("S")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for s in seqs:
+        table.add_row(str(s), *(f"{value(s):.2f}" for value in columns.values()))
+    return table
 
 
 def _plot(result, path: Path) -> None:
