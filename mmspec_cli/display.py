@@ -161,6 +161,8 @@ def turn_json(turn: TurnResult, members: Sequence[str] = ()) -> dict:
     if members:
         out["members"] = list(members)  # the order of each block's "weights"
     out.update(stats=turn.stats.as_dict(), blocks=[block_json(b) for b in turn.blocks])
+    if turn.caption_s:
+        out["caption_s"] = turn.caption_s  # captioning time for caption drafting, apart from decoding
     return out
 
 

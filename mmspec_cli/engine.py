@@ -14,6 +14,7 @@ whole prefix is never re-run. γ is cut to ``max_new_tokens - generated - 1`` so
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ class TurnResult:
     token_ids: list[int]
     stats: RunStats
     blocks: list[BlockVerified] = field(default_factory=list)
+    caption_s: float = 0.0  # time spent captioning this turn's images (caption drafting), apart from decoding
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class SpeculativeDecoder:
         max_new_tokens: int = 128,
         sampling: SamplingParams = SamplingParams(),
         seed: int | None = None,
+        overlap_prefill: bool | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -124,6 +127,8 @@ class SpeculativeDecoder:
         self.seed = seed
         self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
         self.eos = eos_ids(target)
+        # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
+        self.overlap_prefill = target.model.device.type == "cuda" if overlap_prefill is None else overlap_prefill
 
     def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                  on_event: Callable[[Event], None] | None = None) -> Generation:
@@ -156,7 +161,8 @@ class SpeculativeDecoder:
     def _turn(self, turn: int, question: str, text: str, images: Sequence[Any], picker: TokenPicker):
         start = time.perf_counter()
         prompt = process(self.target.processor, text, images)
-        self.drafter.begin_turn(text, images)
+        captioning_before = self.drafter.caption_seconds
+        self._begin_turn(text, images, prompt)
         generated: list[int] = []
         blocks: list[BlockVerified] = []
         drafted = accepted_total = 0
@@ -186,7 +192,20 @@ class SpeculativeDecoder:
         stats = RunStats(new_tokens=len(generated), blocks=len(blocks), drafted=drafted,
                          accepted=accepted_total, wall_s=time.perf_counter() - start)
         text_out = self.target.tokenizer.decode(generated, skip_special_tokens=True).strip()
-        return TurnResult(question=question, text=text_out, token_ids=generated, stats=stats, blocks=blocks)
+        return TurnResult(question=question, text=text_out, token_ids=generated, stats=stats, blocks=blocks,
+                          caption_s=self.drafter.caption_seconds - captioning_before)
+
+    def _begin_turn(self, text: str, images: Sequence[Any], prompt) -> None:
+        """Hand the drafter the new prompt. When its start is slow (captioning) and ``overlap_prefill``
+        is on, it runs in a thread while the target prefills all but the last prompt token, which
+        the first block then feeds with the draft (so the tokens and blocks are unchanged)."""
+        if not (self.overlap_prefill and self.drafter.slow_start(images) and len(prompt.ids) > 1):
+            self.drafter.begin_turn(text, images)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            started = pool.submit(self.drafter.begin_turn, text, images)
+            self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
+            started.result()  # re-raises the drafter's error, if any
 
     def _verify(self, context: list[int], draft: Draft, vision: dict, picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
         """ONE target forward over the verified context plus the draft; then the verification rule."""

@@ -168,3 +168,16 @@ def test_captions_are_computed_once_per_image(tiny_models):
     assert cap.caption(img.copy()) == first and len(calls) == 1  # same pixels, new object: cached
     cap.caption(tiny.images(2)[1])
     assert len(calls) == 2 and cap.seconds > 0
+
+
+def test_captioning_beside_the_target_prefill_changes_nothing_and_is_timed(tiny_models, refs):
+    """The CUDA path (captions in a thread while the target prefills), forced on CPU."""
+    target = tiny_models["target"]
+    cap = Captioner(tiny_models["perturbed"], prompt="Name the colours.", max_new_tokens=5)
+    drafter = build_drafter("tabed:mc", target, tiny_models["perturbed"], captioner=cap)
+    decoder = SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=MAX_NEW, overlap_prefill=True)
+    first = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
+    assert first.token_ids == refs[1]
+    assert first.caption_s > 0  # reported apart from decoding
+    again = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
+    assert again.token_ids == refs[1] and again.caption_s == 0.0  # cached caption: no captioning time

@@ -51,6 +51,15 @@ class Drafter(ABC):
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
 
+    def slow_start(self, images: Sequence[Any]) -> bool:
+        """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""
+        return False
+
+    @property
+    def caption_seconds(self) -> float:
+        """Total time this drafter has spent captioning images."""
+        return 0.0
+
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """See the target's logits (γ+1, V) for the block just verified; adaptive drafters learn here."""
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..captioner import Captioner
 from ..ensemble import PolicyConfig, WeightPolicy, mixture
 from ..models import LoadedModel
 from ..sampling import TokenPicker
@@ -37,8 +38,9 @@ class EnsembleDrafter(Drafter):
     """Members ``names`` (e.g. "m", "t") drafted as rows of one batch and mixed by ``policy``."""
 
     def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
-                 target_vocab: int, policy: PolicyConfig, seed: int = 0):
+                 target_vocab: int, policy: PolicyConfig, seed: int = 0, captioner: Captioner | None = None):
         self.name = name
+        self.captioner = captioner
         self.members = tuple(members)
         self.views = list(views)
         self.target_vocab = target_vocab
@@ -50,6 +52,13 @@ class EnsembleDrafter(Drafter):
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prefix = self.rows.begin([view(prompt_text, images) for view in self.views])
         self.policy.reset()
+
+    def slow_start(self, images: Sequence[Any]) -> bool:
+        return self.captioner is not None and bool(images)
+
+    @property
+    def caption_seconds(self) -> float:
+        return self.captioner.seconds if self.captioner is not None else 0.0
 
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)

@@ -106,4 +106,5 @@ def build_drafter(
     if not plan.adaptive:
         policy = dataclasses.replace(policy, policy="static")
     return EnsembleDrafter(name, plan.members, [views[m]() for m in plan.members], draft,
-                           target_vocab=target.vocab_size, policy=policy, seed=seed)
+                           target_vocab=target.vocab_size, policy=policy, seed=seed,
+                           captioner=captioner if plan.needs_captioner else None)
