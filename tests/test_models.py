@@ -64,3 +64,19 @@ def test_drafter_without_a_draft_model_is_refused(tiny_dirs):
                                  "drafter": "t"})
     with pytest.raises(InputError, match="needs a draft model"):
         decoder_from_profile(profile)
+
+
+def test_cuda_out_of_memory_names_the_model_and_suggests_a_fix(tiny_models, monkeypatch):
+    import torch
+
+    from mmspec_cli.errors import MmspecError
+    from mmspec_cli.runner import CachedModel
+
+    runner = CachedModel(tiny_models["target"].model, role="target", image_token_id=4)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(runner, "model", out_of_memory)
+    with pytest.raises(MmspecError, match="out of memory in the target model; set target.quantization: 4bit"):
+        runner.logits([1, 5, 6], keep=1)
