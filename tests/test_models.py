@@ -77,6 +77,6 @@ def test_cuda_out_of_memory_names_the_model_and_suggests_a_fix(tiny_models, monk
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(runner, "model", out_of_memory)
+    monkeypatch.setattr(tiny_models["target"].model, "forward", out_of_memory)
     with pytest.raises(MmspecError, match="out of memory in the target model; set target.quantization: 4bit"):
         runner.logits([1, 5, 6], keep=1)
