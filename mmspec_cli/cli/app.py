@@ -15,6 +15,8 @@ import typer
 
 from mmspec_cli import __version__
 from mmspec_cli.cli.errors import handles_errors
+from mmspec_cli.cli.bench import bench
+from mmspec_cli.cli.compare import compare
 from mmspec_cli.cli.generate import generate
 from mmspec_cli.cli.profile_latency import profile_latency
 
@@ -46,6 +48,8 @@ def _root(
 
 
 _register(generate)
+_register(bench)
+_register(compare)
 _register(profile_latency)
 
 

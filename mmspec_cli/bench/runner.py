@@ -1,0 +1,201 @@
+"""Running samples x drafters over one loaded :class:`~mmspec_cli.api.ModelSet`.
+
+Samples run one after the other; within a sample every drafter runs in turn (so drafters
+share the machine's conditions sample by sample, which keeps the walltime comparison fair).
+Each drafter gets a fresh decoder per sample, and the sample's turns run as ONE conversation
+(the engine's multi-turn ``generate``). A record is written as each turn finishes.
+
+Resuming: the turns already in the results file are not written again. If a later turn of a
+sample is missing, the conversation is re-run from its first turn (the later turn needs the
+earlier answers as context) and only the missing turns are written.
+
+A sample that fails (an unreadable image, a prompt that does not fit, CUDA out of memory ...)
+gets an error record per drafter and the run goes on. ``MMSPEC_DEBUG=1`` re-raises instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import ModelSet
+from ..engine import SpeculativeDecoder, TurnFinished, TurnStarted
+from ..errors import MmspecError
+from ..hf_assisted import assisted_generate
+from ..metrics import RunStats
+from ..prompts import image_placeholder, process, render_prompt
+from .progress import BenchProgress
+from .prompts import continue_prompt, paper_prompt
+from .records import Record, ResultsFile, engine_record, error_record, turn_record
+from .samples import Sample, load_sample_images
+
+HF_ASSISTED = "hf-assisted"
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    drafters: tuple[str, ...]
+    max_turns: int | None  # --turns
+    prompt_style: str  # default | paper
+    gamma: int
+    max_new_tokens: int
+    temperature: float
+
+    def record_fields(self) -> dict[str, Any]:
+        """The settings each record carries (``--resume`` refuses a file made with others)."""
+        return {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
+                "prompt_style": self.prompt_style}
+
+    def turns(self, sample: Sample) -> int:
+        return min(len(sample.turns), self.max_turns or len(sample.turns))
+
+
+def todo(samples: Sequence[Sample], settings: RunSettings, done: set[tuple[str, int, str]]) -> dict[tuple[str, str], list[int]]:
+    """(sample id, drafter) -> the turns still to record."""
+    out = {}
+    for sample in samples:
+        for drafter in settings.drafters:
+            missing = [t for t in range(settings.turns(sample)) if (sample.id, t, drafter) not in done]
+            if missing:
+                out[(sample.id, drafter)] = missing
+    return out
+
+
+def failure_message(exc: BaseException) -> str:
+    if isinstance(exc, MmspecError):
+        return " ".join(str(exc).split())
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class BenchRunner:
+    def __init__(self, models: ModelSet, settings: RunSettings, results: ResultsFile, progress: BenchProgress):
+        self.models = models
+        self.settings = settings
+        self.results = results
+        self.progress = progress
+        self.debug = os.environ.get("MMSPEC_DEBUG") == "1"
+        self.fields = settings.record_fields()
+
+    # ----------------------------------------------------------------- the loop
+
+    def run(self, samples: Sequence[Sample], warmup: bool = True) -> None:
+        pending = todo(samples, self.settings, self.results.done())
+        warmed = not warmup
+        for sample in samples:
+            work = {d: pending[(sample.id, d)] for d in self.settings.drafters if (sample.id, d) in pending}
+            if not work:
+                continue
+            try:
+                images = load_sample_images(sample)
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                self._fail(sample, work, exc)
+                continue
+            if not warmed:
+                self.warm_up(sample, images)
+                warmed = True
+            for drafter, turns in work.items():
+                self.progress.sample(sample.id, drafter)
+                self._run_drafter(sample, images, drafter, turns)
+
+    def _run_drafter(self, sample: Sample, images: list, drafter: str, turns: list[int]) -> None:
+        written = 0
+        try:
+            for record in self.conversation(drafter, sample, images, max(turns) + 1):
+                if record["turn"] in turns:
+                    self.results.write(record)
+                    self.progress.turn_done(record)
+                    written += 1
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            self._fail(sample, {drafter: turns[written:]}, exc)
+
+    def _fail(self, sample: Sample, work: dict[str, list[int]], exc: Exception) -> None:
+        if self.debug:
+            raise exc
+        for drafter, turns in work.items():
+            self.results.write(error_record(sample, drafter, failure_message(exc)))
+            self.progress.skip(len(turns))
+
+    def warm_up(self, sample: Sample, images: list) -> None:
+        """One short untimed, unrecorded first turn per drafter: CUDA context, kernels and caches
+        get set up here instead of inside the first timed sample."""
+        for drafter in self.settings.drafters:
+            try:
+                if drafter == HF_ASSISTED:
+                    text = render_prompt(self.models.target.processor, sample.turns[:1], [], len(images))
+                    assisted_generate(self.models.target, self.models.draft, images, text, self.settings.gamma,
+                                      min(WARMUP_TOKENS, self.settings.max_new_tokens))
+                else:
+                    decoder = self.models.decoder(drafter)
+                    decoder.max_new_tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
+                    decoder.generate(images, list(sample.turns[:1]))
+            except Exception:  # noqa: BLE001 - the real run records the failure
+                if self.debug:
+                    raise
+
+    # ----------------------------------------------------------------- one conversation
+
+    def conversation(self, drafter: str, sample: Sample, images: list, n_turns: int) -> Iterator[Record]:
+        """The records of the first ``n_turns`` turns of ``sample`` with ``drafter``, as they finish."""
+        if drafter == HF_ASSISTED:
+            yield from self._hf_turns(sample, images, n_turns)
+        else:
+            yield from self._engine_turns(self.models.decoder(drafter), drafter, sample, images, n_turns)
+
+    def _paper(self, sample: Sample) -> bool:
+        return self.settings.prompt_style == "paper" and sample.prompt_key is not None
+
+    def _raw_prompt(self, sample: Sample, turn: int, previous: str | None, answer: str, n_images: int) -> str:
+        """Paper style: the paper's prompt for the first turn, the LLaVA-1.5 continuation after."""
+        if turn == 0:
+            return paper_prompt(sample.prompt_key, sample.turns[0], n_images,
+                                image_placeholder(self.models.target.processor))
+        eos = self.models.target.tokenizer.eos_token or ""
+        return continue_prompt(previous, answer, eos, sample.turns[turn])
+
+    def _prompt_tokens(self, text: str, images: list) -> int:
+        return len(process(self.models.target.processor, text, images).ids)
+
+    def _engine_turns(self, decoder: SpeculativeDecoder, drafter: str, sample: Sample, images: list,
+                      n_turns: int) -> Iterator[Record]:
+        members = decoder.drafter.members
+        if not self._paper(sample):
+            yield from self._records(decoder.stream(images, list(sample.turns[:n_turns])), drafter, sample, images,
+                                     members)
+            return
+        prompt, answer = None, ""
+        for turn in range(n_turns):
+            prompt = self._raw_prompt(sample, turn, prompt, answer, len(images))
+            for record in self._records(decoder.stream(images, [], raw_prompt=prompt), drafter, sample, images,
+                                        members, turn=turn):
+                answer = record["text"]
+                yield record
+
+    def _records(self, events, drafter: str, sample: Sample, images: list, members: Sequence[str],
+                 turn: int | None = None) -> Iterator[Record]:
+        prompt_tokens = None
+        for event in events:
+            if isinstance(event, TurnStarted):
+                prompt_tokens = self._prompt_tokens(event.prompt, images)  # outside the turn's timed part
+            elif isinstance(event, TurnFinished):
+                yield engine_record(sample, event.turn if turn is None else turn, drafter, event.result,
+                                    prompt_tokens, self.fields, members)
+
+    def _hf_turns(self, sample: Sample, images: list, n_turns: int) -> Iterator[Record]:
+        target, draft = self.models.target, self.models.draft
+        answers: list[str] = []
+        prompt = None
+        for turn in range(n_turns):
+            if self._paper(sample):
+                prompt = self._raw_prompt(sample, turn, prompt, answers[-1] if answers else "", len(images))
+            else:
+                prompt = render_prompt(target.processor, sample.turns[:n_turns], answers, len(images))
+            result = assisted_generate(target, draft, images, prompt, self.settings.gamma, self.settings.max_new_tokens)
+            stats = RunStats(new_tokens=len(result.token_ids), blocks=result.target_calls, drafted=0, accepted=0,
+                             wall_s=result.wall_s)
+            yield turn_record(sample, turn, HF_ASSISTED, result.token_ids, result.text, stats, result.prompt_tokens,
+                              self.fields)
+            answers.append(result.text)

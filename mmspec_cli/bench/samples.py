@@ -1,0 +1,140 @@
+"""Benchmark samples: the :class:`Sample` type, JSONL manifests, and which samples a run takes.
+
+A manifest has one JSON object per line::
+
+    {"id": "cat-1", "images": ["img/cat.png"], "turns": ["What is it?", "Why?"], "category": "llava-w"}
+
+``images`` are paths relative to the manifest's folder (or absolute), in prompt order; an
+empty list makes a text-only sample. ``turns`` are the user questions of one conversation.
+Other keys (reference answers, ...) are ignored. Blank lines are skipped. Image files are
+opened only when their sample runs, so a missing or corrupt image fails that sample alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..images import load_image
+
+REQUIRED = ("id", "images", "turns", "category")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation to benchmark. ``images`` are file paths or PIL images (from datasets);
+    ``prompt_key`` names the TABED App. I.1 prompt used with ``--prompt-style paper``."""
+
+    id: str
+    category: str
+    turns: tuple[str, ...]
+    images: tuple[Any, ...] = ()
+    prompt_key: str | None = None
+
+
+def load_sample_images(sample: Sample) -> list:
+    """The sample's images as RGB PIL images; a bad file raises the one-line InputError of ``images.py``."""
+    out = []
+    for image in sample.images:
+        if isinstance(image, (str, Path)):
+            out.append(load_image(image))
+        else:
+            out.append(image.convert("RGB"))
+    return out
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def read_manifest(path: Path) -> list[Sample]:
+    """Parse a JSONL manifest; any bad line is a one-line InputError naming its line number."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"manifest {path} could not be read ({type(exc).__name__}); pass a readable UTF-8 JSONL file") from exc
+    samples: list[Sample] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        sample = _parse_line(line, path, number)
+        if sample.id in seen:
+            raise InputError(f"manifest {path} line {number}: id '{sample.id}' repeats line {seen[sample.id]}; "
+                             f"give every sample its own id")
+        seen[sample.id] = number
+        samples.append(sample)
+    if not samples:
+        raise InputError(f"manifest {path} has no samples; write one JSON object per line "
+                         f'(e.g. {{"id": "1", "images": ["a.png"], "turns": ["Describe it."], "category": "demo"}})')
+    return samples
+
+
+def _parse_line(line: str, path: Path, number: int) -> Sample:
+    where = f"manifest {path} line {number}"
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                         f"each line must be one JSON object") from exc
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where}: expected a JSON object with keys {', '.join(REQUIRED)}, got {type(data).__name__}")
+    missing = [key for key in REQUIRED if key not in data]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(repr(k) for k in missing)}; each line needs {', '.join(REQUIRED)}")
+    sample_id, category, images, turns = data["id"], data["category"], data["images"], data["turns"]
+    if not isinstance(sample_id, str) or not sample_id.strip():
+        raise InputError(f"{where}: 'id' must be a non-empty string, got {json.dumps(sample_id)}")
+    if not isinstance(category, str) or not category.strip():
+        raise InputError(f"{where}: 'category' must be a non-empty string, got {json.dumps(category)}")
+    if not isinstance(images, list) or not all(isinstance(i, str) and i for i in images):
+        raise InputError(f"{where}: 'images' must be a list of file paths (relative to the manifest), "
+                         f"got {json.dumps(images)[:80]}")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise InputError(f"{where}: 'turns' must be a non-empty list of questions, got {json.dumps(turns)[:80]}")
+    folder = path.parent
+    paths = tuple(Path(os.path.expanduser(i)) if os.path.isabs(os.path.expanduser(i)) else folder / i for i in images)
+    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def parse_shard(value: str | None, env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+    """``--shard i/n`` -> (i, n); ``auto`` reads RANK/WORLD_SIZE (torchrun, accelerate) or
+    LOCAL_RANK/LOCAL_WORLD_SIZE; None when not given."""
+    if value is None:
+        return None
+    if value == "auto":
+        for rank_key, size_key in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+            if env.get(rank_key) is not None and env.get(size_key) is not None:
+                return _check_shard(env[rank_key], env[size_key], f"--shard auto ({rank_key}/{size_key})")
+        raise InputError("--shard auto: RANK and WORLD_SIZE (or LOCAL_RANK and LOCAL_WORLD_SIZE) are not set; "
+                         "launch with torchrun or accelerate launch, or pass --shard i/n")
+    parts = value.split("/")
+    if len(parts) != 2:
+        raise InputError(f"--shard: expected i/n (e.g. 0/4) or auto, got '{value}'")
+    return _check_shard(parts[0], parts[1], "--shard")
+
+
+def _check_shard(index: str, count: str, flag: str) -> tuple[int, int]:
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise InputError(f"{flag}: expected integers i/n with 0 <= i < n, got '{index}/{count}'") from None
+    if n < 1 or not 0 <= i < n:
+        raise InputError(f"{flag}: expected 0 <= i < n and n >= 1, got {i}/{n}")
+    return i, n
+
+
+def select(samples: Sequence[Sample], limit: int | None = None, shard: tuple[int, int] | None = None) -> list[Sample]:
+    """The first ``limit`` samples, then every n-th of them starting at i (shard i/n)."""
+    chosen = list(samples[:limit] if limit is not None else samples)
+    if shard is not None:
+        i, n = shard
+        chosen = chosen[i::n]
+    return chosen

@@ -1,0 +1,40 @@
+"""SOURCE -> samples: a JSONL manifest path, a built-in suite name, or a Hugging Face dataset id.
+
+Resolution order: an existing file is a manifest; a name in :data:`SUITES` is a suite; a
+known dataset id (``owner/name[:subset]``, see :mod:`.hub`) is loaded with ``datasets``.
+Anything else is refused with one line listing what would have been accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import InputError
+from . import hub
+from .samples import Sample, read_manifest
+
+#: Built-in suites: name -> function building the samples. Empty for now; generated demo suites come later.
+SUITES: dict[str, Callable[[], list[Sample]]] = {}
+
+
+def _known_suites() -> str:
+    return ", ".join(sorted(SUITES)) if SUITES else "none yet"
+
+
+def resolve(source: str, limit: int | None = None) -> list[Sample]:
+    """The samples SOURCE names (``limit`` lets a dataset stop reading early; the caller still applies it)."""
+    path = Path(os.path.expanduser(source))
+    if path.is_file():
+        return read_manifest(path)
+    if path.is_dir():
+        raise InputError(f"SOURCE {source} is a directory; pass a JSONL manifest file")
+    if source in SUITES:
+        return SUITES[source]()
+    if hub.is_known(source):
+        return hub.load(source, limit)
+    datasets = ", ".join(hub.DATASETS)
+    raise InputError(f"SOURCE '{source}' is neither an existing manifest file, nor a known suite "
+                     f"(known suites: {_known_suites()}), nor a supported dataset id ({datasets}, "
+                     f"with :SUBSET where needed)")

@@ -1,0 +1,246 @@
+"""``mmspec bench``: run drafters over a manifest, suite or dataset; record every turn; summarise.
+
+Everything that can be refused (flags, drafter names, the profile, the source, the --out
+file) is refused with one line and exit 2 before any model loads. Exit 1 when a sample
+failed or a drafter's greedy output differed from ``ar``'s; 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from mmspec_cli.errors import InputError
+from mmspec_cli.profiles import Profile, apply_overrides, load_profile
+
+HF_ASSISTED = "hf-assisted"
+PROMPT_STYLES = ("default", "paper")
+EXIT_FAILED = 1
+
+
+def bench(
+    source: Annotated[str | None, typer.Argument(metavar="SOURCE", show_default=False, help=(
+        "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
+    drafters: Annotated[str, typer.Option(metavar="LIST", help=(
+        "Comma list of drafters, e.g. ar,m,t,tabed; hf-assisted runs Hugging Face assisted generation."))] = "ar,m,t,tabed",
+    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding).")] = None,
+    turns: Annotated[int | None, typer.Option(metavar="N", help="Run at most N turns of each sample.")] = None,
+    out: Annotated[str | None, typer.Option(metavar="FILE", help=(
+        "Append one JSON line per (sample, turn, drafter) here; {rank} becomes the shard index."))] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue --out, skipping the turns it already holds.")] = False,
+    fmt: Annotated[str, typer.Option("--format", metavar="table|json|csv", help="How to print the summary.")] = "table",
+    shard: Annotated[str | None, typer.Option(metavar="i/n|auto", help=(
+        "Run every n-th sample from i; auto reads RANK/WORLD_SIZE (torchrun, accelerate launch)."))] = None,
+    prompt_style: Annotated[str, typer.Option(metavar="default|paper", help=(
+        "paper: TABED App. I.1's prompt per dataset, where the paper gives one."))] = "default",
+    summarize: Annotated[list[str] | None, typer.Option(metavar="FILE", help=(
+        "Only summarise results files (repeatable); no SOURCE, no models."))] = None,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
+        "Run one short untimed turn per drafter before timing."))] = True,
+    gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
+    temperature: Annotated[float | None, typer.Option(metavar="X", help="0 for greedy decoding.")] = None,
+    seed: Annotated[int | None, typer.Option(metavar="N", help="Random seed for sampling.")] = None,
+) -> None:
+    """Benchmark drafters on many samples: block efficiency, acceptance, speed, per category.
+
+    Each finished turn is appended to --out at once: a killed run loses nothing finished, and --resume continues it.
+
+    At temperature 0 every drafter's token ids are checked against ar's. Exit 1 if a sample failed or a check did.
+    """
+    from mmspec_cli.bench.report import FORMATS
+
+    if fmt not in FORMATS:
+        raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got '{fmt}'")
+    if summarize:
+        if source is not None:
+            raise InputError("pass either SOURCE (to run) or --summarize FILE (to summarise results), not both")
+        chosen = load_profile(profile) if profile is not None else None
+        raise typer.Exit(_summarize_files(summarize, chosen, fmt))
+    if source is None:
+        raise InputError("no SOURCE given; pass a JSONL manifest, a suite name or a dataset id, "
+                         "or --summarize FILE to summarise results")
+    names = parse_drafters(drafters)
+    if prompt_style not in PROMPT_STYLES:
+        raise InputError(f"--prompt-style: expected one of {', '.join(PROMPT_STYLES)}, got '{prompt_style}'")
+    if resume and out is None:
+        raise InputError("--resume continues an --out file; pass --out FILE")
+    for flag, value in (("--limit", limit), ("--turns", turns)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag}: expected an integer >= 1, got {value}")
+    from mmspec_cli.bench.samples import parse_shard
+
+    shard_ = parse_shard(shard)
+    chosen = apply_overrides(load_profile(profile), gamma=gamma, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed)
+    check_profile_fits(names, chosen)
+    if shard == "auto":
+        chosen = pin_local_device(chosen, os.environ)
+    out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
+    raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup))
+
+
+# --------------------------------------------------------------------------- checks before loading
+
+
+def parse_drafters(text: str) -> list[str]:
+    """The comma list of --drafters, each name validated (``hf-assisted`` included); no repeats."""
+    from mmspec_cli.drafters.registry import parse_drafter
+
+    names = [n.strip() for n in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise InputError(f"--drafters: expected a comma list such as ar,m,t,tabed, got '{text}'")
+    for name in names:
+        if name != HF_ASSISTED:
+            parse_drafter(name)
+        if names.count(name) > 1:
+            raise InputError(f"--drafters names '{name}' twice; name each drafter once")
+    return names
+
+
+def check_profile_fits(names: list[str], profile: Profile) -> None:
+    """Refuse drafters the profile can't run, before any model loads."""
+    from mmspec_cli.drafters.registry import parse_drafter
+
+    for name in names:
+        if name == HF_ASSISTED:
+            if profile.decoding.temperature != 0:
+                raise InputError("hf-assisted runs greedy only; use --temperature 0 or drop hf-assisted")
+            needs_draft = True
+        else:
+            plan = parse_drafter(name, profile.ensemble.members)
+            needs_draft = plan.needs_draft
+            if plan.needs_captioner and profile.captioner is None:
+                raise InputError(f"drafter '{name}' uses caption drafting (c) but the profile has no captioner; "
+                                 f"add `captioner: {{model: ...}}` to the profile")
+        if needs_draft and profile.draft is None:
+            raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
+                             f"or use --drafters ar")
+
+
+def pin_local_device(profile: Profile, env) -> Profile:
+    """Under torchrun/accelerate, put each process's models on its own GPU (``cuda:LOCAL_RANK``)
+    instead of every process spreading its target over all GPUs."""
+    local = env.get("LOCAL_RANK")
+    if local is None or profile.target.device != "auto":
+        return profile
+    import torch
+
+    if not torch.cuda.is_available():
+        return profile
+    device = f"cuda:{int(local)}"
+    changes = {"target": dataclasses.replace(profile.target, device=device)}
+    for role in ("draft", "captioner"):
+        spec = getattr(profile, role)
+        if spec is not None and spec.device == "auto":
+            changes[role] = dataclasses.replace(spec, device=device)
+    return dataclasses.replace(profile, **changes)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _run(source: str, names: list[str], profile: Profile, limit: int | None, turns: int | None, out: str | None,
+         resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool) -> int:
+    from mmspec_cli.bench.progress import BenchProgress
+    from mmspec_cli.bench.records import ResultsFile
+    from mmspec_cli.bench.runner import RunSettings, todo
+    from mmspec_cli.bench.samples import select
+    from mmspec_cli.bench.sources import resolve
+
+    decoding = profile.decoding
+    settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
+                           max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature)
+    with ResultsFile.open(out, resume, settings.record_fields()) as results:
+        samples = select(resolve(source, limit), limit, shard)
+        pending = todo(samples, settings, results.done())
+        if not samples:
+            typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
+        if pending:
+            from mmspec_cli.bench.runner import BenchRunner
+
+            models = _load(profile, names)
+            total = sum(len(t) for t in pending.values())
+            with BenchProgress(total, names, results.records, enabled=sys.stderr.isatty()) as progress:
+                BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)
+        records = list(results.records)
+    if out is None:
+        typer.echo("note: no --out given; the records were not saved", err=True)
+    return _report(records, profile, fmt)
+
+
+def _load(profile: Profile, names: list[str]):
+    from mmspec_cli.api import ModelSet
+    from mmspec_cli.models import check_compatible, load_model
+
+    engine = [n for n in names if n != HF_ASSISTED]
+    models = ModelSet.load(profile, engine)
+    if HF_ASSISTED in names and models.draft is None:
+        models.draft = load_model(profile.draft, "draft")
+        check_compatible(models.target, models.draft)
+    return models
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _summarize_files(paths: list[str], profile: Profile | None, fmt: str) -> int:
+    from mmspec_cli.bench.records import read_records
+
+    return _report(read_records(paths), profile, fmt)
+
+
+def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, float]:
+    """c per drafter from the latency cache of this device and the profile's model pair (empty if none)."""
+    if profile is None or profile.draft is None:
+        return {}
+    from mmspec_cli import latency
+    from mmspec_cli.bench.summary import mean_prompt_tokens
+    from mmspec_cli.drafters.registry import parse_drafter
+    from mmspec_cli.models import resolve_device
+
+    measured = latency.load(latency.device_name(resolve_device(profile.target.device)), profile.target.model,
+                            profile.draft.model)
+    if measured is None:
+        return {}
+    seq, gamma = mean_prompt_tokens(records), profile.decoding.gamma
+    ratios = {}
+    for name in dict.fromkeys(r["drafter"] for r in records):
+        if name == "ar":
+            continue
+        try:
+            members = () if name == HF_ASSISTED else parse_drafter(name, profile.ensemble.members).members
+        except InputError:
+            continue
+        ratios[name] = measured.ratio(batch=len(members) or 1, seq=seq, gamma=gamma)
+    return ratios
+
+
+def _report(records: list[dict], profile: Profile | None, fmt: str) -> int:
+    from rich.console import Console
+
+    from mmspec_cli.bench import report
+    from mmspec_cli.bench.summary import summarize
+
+    summary = summarize(records, latency_ratios(profile, records))
+    lines = [report.check_line(summary), report.failure_line(summary)]
+    if fmt == "json":
+        typer.echo(report.as_json(summary))
+    elif fmt == "csv":
+        typer.echo(report.as_csv(summary.rows), nl=False)
+    else:
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 140)
+        console.print(report.table(summary))
+        for line in lines:
+            if line:
+                console.print(line, highlight=False, soft_wrap=True)
+    if fmt != "table":
+        for line in lines:
+            if line:
+                typer.echo(line, err=True)
+    return 0 if summary.ok else EXIT_FAILED

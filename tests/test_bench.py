@@ -1,0 +1,511 @@
+"""Tests for ``mmspec bench``: records, summary maths, resume after a kill, failures, shards, bad inputs.
+
+Tiny float64 LLaVA models of ``conftest.py`` on CPU; a manifest of 2 samples x 2 turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+from typer.testing import CliRunner
+
+from mmspec_cli import api, latency, tiny
+from mmspec_cli.bench import hub, records as records_mod
+from mmspec_cli.bench.prompts import continue_prompt, paper_prompt, prompt_key_for
+from mmspec_cli.bench.report import table
+from mmspec_cli.bench.samples import Sample, parse_shard, select
+from mmspec_cli.bench.summary import ranks, summarize, token_check
+from mmspec_cli.cli.app import app
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.errors import InputError
+from mmspec_cli.hf_assisted import assisted_generate
+from mmspec_cli.models import resolve_device
+from mmspec_cli.prompts import render_prompt
+
+MAX_NEW = 6
+DRAFTERS = "ar,m,t"
+RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
+               "acceptance_rate", "wall_s", "tokens_per_s", "drafted", "accepted", "prompt_tokens", "gamma",
+               "temperature", "max_new_tokens", "prompt_style"}
+SAMPLES = [
+    {"id": "s0", "images": ["img0.png"], "turns": ["what is in the image?", "and then?"], "category": "llava-w"},
+    {"id": "s1", "images": ["img1.png", "img0.png"], "turns": ["what changed between the two images?", "why?"],
+     "category": "spot"},
+]
+
+runner = CliRunner()
+
+
+def write_jsonl(path: Path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dirs, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("bench")
+    for i, image in enumerate(tiny.images(2)):
+        image.save(root / f"img{i}.png")
+    (root / "corrupt.png").write_bytes(b"\x00not a png\xff" * 8)
+    spec = {"dtype": "float64", "device": "cpu"}
+    profile = {"target": {"model": tiny_dirs["target"], **spec}, "draft": {"model": tiny_dirs["perturbed"], **spec},
+               "decoding": {"max_new_tokens": MAX_NEW, "gamma": 3}}
+    (root / "tiny.yaml").write_text(yaml.safe_dump(profile))
+    return {
+        "root": root,
+        "profile": str(root / "tiny.yaml"),
+        "manifest": write_jsonl(root / "manifest.jsonl", SAMPLES),
+        "with_corrupt": write_jsonl(root / "corrupt.jsonl", [
+            {"id": "bad", "images": ["corrupt.png"], "turns": ["what?"], "category": "spot"}, SAMPLES[0]]),
+    }
+
+
+def bench(files: dict, *args: str, env: dict | None = None):
+    return runner.invoke(app, ["bench", *args, "--profile", files["profile"]], env=env)
+
+
+@pytest.fixture(scope="module")
+def run(files) -> dict:
+    """One full run: 2 samples x 2 turns x (ar, m, t), summary as JSON."""
+    out = files["root"] / "run.jsonl"
+    result = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    return {"out": out, "records": read_jsonl(out), "summary": json.loads(result.stdout), "stderr": result.stderr}
+
+
+# --------------------------------------------------------------------------- records
+
+
+def test_one_record_per_sample_turn_drafter_with_the_schema(run):
+    records = run["records"]
+    assert [(r["id"], r["turn"], r["drafter"]) for r in records] == [
+        (s, t, d) for s in ("s0", "s1") for d in ("ar", "m", "t") for t in (0, 1)]
+    for r in records:
+        assert set(r) == RECORD_KEYS
+        assert r["category"] == {"s0": "llava-w", "s1": "spot"}[r["id"]]
+        assert len(r["token_ids"]) == r["new_tokens"] and 0 < r["new_tokens"] <= MAX_NEW
+        assert r["block_efficiency"] == pytest.approx(r["new_tokens"] / r["blocks"])
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert (r["gamma"], r["temperature"], r["max_new_tokens"], r["prompt_style"]) == (3, 0.0, MAX_NEW, "default")
+        assert r["prompt_tokens"] > 0
+        if r["drafter"] == "ar":
+            assert r["acceptance_rate"] is None and r["blocks"] == r["new_tokens"]
+        else:
+            assert r["acceptance_rate"] == pytest.approx(r["accepted"] / r["drafted"])
+    later = {(r["id"], r["drafter"]): r["prompt_tokens"] for r in records if r["turn"] == 1}
+    first = {(r["id"], r["drafter"]): r["prompt_tokens"] for r in records if r["turn"] == 0}
+    assert all(later[k] > first[k] for k in first)  # turn 2 carries the first answer: one conversation
+
+
+def test_greedy_tokens_agree_and_the_check_says_so(run):
+    by_turn = {}
+    for r in run["records"]:
+        by_turn.setdefault((r["id"], r["turn"]), set()).add(tuple(r["token_ids"]))
+    assert all(len(ids) == 1 for ids in by_turn.values())
+    check = run["summary"]["token_check"]
+    assert check == {"ran": True, "reason": "", "compared": 8, "mismatches": []}
+    assert "8 turns compared, 0 mismatches" in run["stderr"]
+
+
+def test_ensemble_records_carry_members_and_per_block_weights(files):
+    out = files["root"] / "mt.jsonl"
+    result = bench(files, files["manifest"], "--drafters", "mt", "--limit", "1", "--turns", "1", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    [record] = read_jsonl(out)
+    assert record["members"] == ["m", "t"] and len(record["weights"]) == record["blocks"]
+    assert all(w is None or (len(w) == 2 and sum(w) == pytest.approx(1.0)) for w in record["weights"])
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def expected_rows(records: list[dict]) -> dict:
+    """The summary recomputed here by hand, independently of mmspec_cli.bench.summary."""
+    rows = {}
+    for category in ("llava-w", "spot", "all"):
+        group = [r for r in records if category == "all" or r["category"] == category]
+        ar = {(r["id"], r["turn"]): r for r in group if r["drafter"] == "ar"}
+        for drafter in ("ar", "m", "t"):
+            mine = [r for r in group if r["drafter"] == drafter]
+            per_sample = []
+            for sample_id in sorted({r["id"] for r in mine}):
+                turns = [r for r in mine if r["id"] == sample_id]
+                per_sample.append(sum(r["new_tokens"] for r in turns) / sum(r["blocks"] for r in turns))
+            drafted = sum(r["drafted"] for r in mine)
+            ar_spt = sum(ar[(r["id"], r["turn"])]["wall_s"] for r in mine) / sum(ar[(r["id"], r["turn"])]["new_tokens"] for r in mine)
+            spt = sum(r["wall_s"] for r in mine) / sum(r["new_tokens"] for r in mine)
+            rows[(category, drafter)] = {
+                "samples": len(per_sample),
+                "block_efficiency": statistics.fmean(per_sample),
+                "block_efficiency_std": statistics.stdev(per_sample) if len(per_sample) > 1 else 0.0,
+                "acceptance_rate": sum(r["accepted"] for r in mine) / drafted if drafted else None,
+                "tokens_per_s": 1 / spt,
+                "speedup": ar_spt / spt,
+            }
+    return rows
+
+
+def test_summary_numbers_are_recomputed_from_the_records(run, files):
+    expected = expected_rows(run["records"])
+    got = {(r["category"], r["drafter"]): r for r in run["summary"]["rows"]}
+    assert list(got) == list(expected)
+    for key, want in expected.items():
+        for name, value in want.items():
+            assert got[key][name] == pytest.approx(value), (key, name)
+        assert got[key]["expected_speedup"] is None and got[key]["failed"] == 0
+    again = runner.invoke(app, ["bench", "--summarize", str(run["out"]), "--format", "json"])
+    assert again.exit_code == 0 and json.loads(again.stdout) == run["summary"]
+
+
+def test_summarize_merges_several_files(run, tmp_path):
+    records = run["records"]
+    a = write_jsonl(tmp_path / "a.jsonl", [json.dumps(r) for r in records if r["id"] == "s0"])
+    b = write_jsonl(tmp_path / "b.jsonl", [json.dumps(r) for r in records if r["id"] == "s1"])
+    merged = runner.invoke(app, ["bench", "--summarize", a, "--summarize", b, "--format", "json"])
+    assert merged.exit_code == 0 and json.loads(merged.stdout)["rows"] == run["summary"]["rows"]
+    csv = runner.invoke(app, ["bench", "--summarize", a, "--summarize", b, "--format", "csv"])
+    lines = csv.stdout.splitlines()
+    assert lines[0].startswith("category,drafter,samples,block_efficiency") and len(lines) == 1 + 9
+
+
+def test_expected_speedup_uses_the_cached_latency_ratio(run, files, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    spec = yaml.safe_load(Path(files["profile"]).read_text())
+    device = latency.device_name(resolve_device("cpu"))
+    latency.save(latency.LatencyResult(device, spec["target"]["model"], spec["draft"]["model"],
+                                       target_ms={"32,3": 10.0}, draft_ms={"1,32": 1.0}))
+    result = runner.invoke(app, ["bench", "--summarize", str(run["out"]), "--profile", files["profile"], "--format", "json"])
+    rows = {(r["category"], r["drafter"]): r for r in json.loads(result.stdout)["rows"]}
+    m = rows[("all", "m")]
+    assert m["expected_speedup"] == pytest.approx(m["block_efficiency"] / (3 * 0.1 + 1))
+    assert rows[("all", "ar")]["expected_speedup"] is None
+
+
+def test_an_injected_mismatch_is_counted_and_fails_the_run(run, tmp_path):
+    records = [dict(r) for r in run["records"]]
+    victim = next(r for r in records if r["drafter"] == "t" and r["turn"] == 1)
+    victim["token_ids"] = victim["token_ids"][:-1] + [victim["token_ids"][-1] + 1]
+    check = token_check(records)
+    assert check.ran and check.compared == 8 and check.mismatches == [(victim["id"], 1, "t")]
+    path = write_jsonl(tmp_path / "bad.jsonl", records)
+    result = runner.invoke(app, ["bench", "--summarize", path])
+    assert result.exit_code == 1
+    assert f"1 mismatches (first: {victim['id']} turn 1 t)" in result.stdout
+
+
+def test_the_check_says_why_it_did_not_run(run):
+    no_ar = [r for r in run["records"] if r["drafter"] != "ar"]
+    assert token_check(no_ar).reason == "ar was not among the drafters" and not token_check(no_ar).ran
+    sampled = [dict(r, temperature=0.7) for r in run["records"]]
+    assert not token_check(sampled).ran and "temperature > 0" in token_check(sampled).reason
+
+
+def test_best_is_bold_and_second_underlined_per_column(run):
+    summary = summarize(run["records"])
+    rows = [r for r in summary.rows if r.category == "all"]
+    marks = ranks(rows, "block_efficiency")
+    assert marks[0] is None  # ar's τ = 1 is the lowest
+    rendered = table(summary)
+    tau_cells = rendered.columns[3]._cells
+    styles = {cell.plain: cell.style for cell in tau_cells}
+    best = max(rows, key=lambda r: r.block_efficiency)
+    assert styles[f"{best.block_efficiency:.2f} ± {best.block_efficiency_std:.2f}"] == "bold"
+    assert "underline" in [cell.style for cell in tau_cells]
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_after_a_kill_loses_and_repeats_nothing(files, tmp_path):
+    out = tmp_path / "killed.jsonl"
+    args = ["bench", files["manifest"], "--drafters", DRAFTERS, "--out", str(out), "--profile", files["profile"],
+            "--format", "json", "--no-warmup"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    process = subprocess.Popen([sys.executable, "-c", "from mmspec_cli.cli.app import main; main()", *args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 1:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    before = out.read_text().splitlines()
+    assert 1 <= len(before) < 12
+    with out.open("a") as f:
+        f.write('{"id": "s1", "turn": 0, "drafter": "t", "tok')  # a torn last write
+    result = runner.invoke(app, args[:-1] + ["--resume"])
+    assert result.exit_code == 0, result.stderr
+    after = out.read_text()
+    assert after.endswith("\n")
+    records = [json.loads(line) for line in after.splitlines()]
+    keys = [(r["id"], r["turn"], r["drafter"]) for r in records]
+    assert len(keys) == len(set(keys)) == 12
+    assert after.splitlines()[: len(before)] == before  # finished records are kept as they were
+    assert token_check(records).mismatches == []
+
+
+def test_resume_refuses_other_settings_and_plain_rerun_refuses_to_overwrite(run, files):
+    out = str(run["out"])
+    other = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", out, "--resume", "--gamma", "2")
+    assert_one_line_error(other, "holds results made with gamma 3 but this run uses 2")
+    again = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", out)
+    assert_one_line_error(again, "already exists; pass --resume")
+
+
+def test_resume_of_a_finished_file_loads_no_model(run, files, no_model_loading):
+    result = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", str(run["out"]), "--resume",
+                   "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["rows"] == run["summary"]["rows"]
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_a_corrupt_image_is_recorded_and_the_run_goes_on(files, tmp_path):
+    out = tmp_path / "corrupt.jsonl"
+    result = bench(files, files["with_corrupt"], "--drafters", "ar,m", "--turns", "1", "--out", str(out))
+    assert result.exit_code == 1
+    records = read_jsonl(out)
+    errors = [r for r in records if "error" in r]
+    assert [(r["id"], r["drafter"]) for r in errors] == [("bad", "ar"), ("bad", "m")]
+    assert all(set(r) == {"id", "category", "drafter", "error"} and "could not be read as an image" in r["error"]
+               for r in errors)
+    assert [(r["id"], r["drafter"]) for r in records if "error" not in r] == [("s0", "ar"), ("s0", "m")]
+    assert "2 (sample, drafter) pairs failed" in result.stdout
+    retry = bench(files, files["with_corrupt"], "--drafters", "ar,m", "--turns", "1", "--out", str(out), "--resume")
+    assert retry.exit_code == 1  # failed samples are retried on resume, and fail again: still recorded once
+    assert [r.get("error") is not None for r in read_jsonl(out)] == [False, False, True, True]
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def test_shard_selection():
+    samples = [Sample(str(i), "c", ("q",)) for i in range(7)]
+    assert [s.id for s in select(samples, shard=(1, 3))] == ["1", "4"]
+    assert [s.id for s in select(samples, limit=5, shard=(0, 2))] == ["0", "2", "4"]
+    assert parse_shard("2/4") == (2, 4) and parse_shard(None) is None
+    assert parse_shard("auto", {"RANK": "3", "WORLD_SIZE": "8"}) == (3, 8)
+    assert parse_shard("auto", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (1, 2)
+
+
+def test_shard_runs_its_samples_into_its_own_file(files, tmp_path):
+    pattern = str(tmp_path / "part-{rank}.jsonl")
+    result = bench(files, files["manifest"], "--drafters", "ar", "--turns", "1", "--shard", "1/2", "--out", pattern)
+    assert result.exit_code == 0, result.stderr
+    assert [r["id"] for r in read_jsonl(tmp_path / "part-1.jsonl")] == ["s1"]
+
+
+# --------------------------------------------------------------------------- other drafters and prompt styles
+
+
+def test_hf_assisted_is_a_peer_row_with_the_same_tokens(files, tmp_path):
+    out = tmp_path / "hf.jsonl"
+    result = bench(files, files["manifest"], "--drafters", "ar,hf-assisted", "--limit", "1", "--out", str(out),
+                   "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    hf = [r for r in read_jsonl(out) if r["drafter"] == "hf-assisted"]
+    assert [r["turn"] for r in hf] == [0, 1] and all(r["acceptance_rate"] is None for r in hf)
+    assert json.loads(result.stdout)["token_check"]["mismatches"] == []
+
+
+def test_assisted_generate_counts_target_calls_and_restores_the_draft_config(tiny_models):
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    images = tiny.images(1)
+    prompt = render_prompt(target.processor, ["what is in the image?"], [], 1)
+    before = draft.model.generation_config.num_assistant_tokens
+    result = assisted_generate(target, draft, images, prompt, gamma=2, max_new_tokens=MAX_NEW)
+    assert draft.model.generation_config.num_assistant_tokens == before
+    decoder = SpeculativeDecoder(target, build_drafter("ar", target, None), max_new_tokens=MAX_NEW)
+    assert result.token_ids == decoder.generate(images, ["what is in the image?"]).turns[0].token_ids
+    assert 1 <= result.target_calls <= len(result.token_ids) and result.draft_calls >= result.target_calls - 1
+
+
+def test_paper_prompts(files, tmp_path):
+    assert prompt_key_for("LLaVA-W") == "llava-w" and prompt_key_for("Spot-the-Diff") == "spot-the-diff"
+    assert prompt_key_for("demo") is None
+    first = paper_prompt("llava-w", " What is it? ", 1)
+    assert first == ("USER: <image> For the following question, provide a detailed explanation of your reasoning "
+                     "leading to the answer. What is it? ASSISTANT:")
+    assert continue_prompt(first, "A cat.", "</s>", "Why?").endswith("ASSISTANT: A cat.</s>USER: Why? ASSISTANT:")
+    with pytest.raises(InputError, match="takes 2 image"):
+        paper_prompt("spot-the-diff", "", 1)
+    out = tmp_path / "paper.jsonl"
+    result = bench(files, files["manifest"], "--drafters", "ar,m", "--limit", "1", "--prompt-style", "paper",
+                   "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    records = read_jsonl(out)
+    assert [(r["turn"], r["prompt_style"]) for r in records] == [(0, "paper"), (1, "paper")] * 2
+    assert json.loads(result.stdout)["token_check"]["compared"] == 2
+
+
+# --------------------------------------------------------------------------- Hugging Face datasets (adapters only)
+
+
+def test_dataset_rows_become_samples():
+    red, blue = tiny.images(2)
+    interleave = hub.DATASETS["lmms-lab/LLaVA-NeXT-Interleave-Bench"]
+    rows = [{"sample_id": 7, "sub_task": "VIST", "image_0": red, "question": "q"},
+            {"sample_id": 8, "sub_task": "Spot-the-Diff", "image_0": red, "image_1": blue, "image_2": None,
+             "question": "<image> <image> What differs?"}]
+    [sample] = hub.rows_to_samples(interleave, rows, "Spot-the-Diff", limit=None)
+    assert (sample.id, sample.category, sample.turns, sample.prompt_key) == (
+        "Spot-the-Diff-8", "Spot-the-Diff", ("What differs?",), "spot-the-diff")
+    assert sample.images == (red, blue)
+    wild = hub.DATASETS["lmms-lab/llava-bench-in-the-wild"]
+    [s] = hub.rows_to_samples(wild, [{"question_id": 3, "image": red, "question": "Describe."}], None, None)
+    assert (s.id, s.category, s.images, s.prompt_key) == ("3", "llava-w", (red,), "llava-w")
+    lite = hub.DATASETS["lmms-lab/LMMs-Eval-Lite"]
+    [d] = hub.rows_to_samples(lite, [{"questionId": "q9", "image": red, "question": "Total?"}], "docvqa_val", None)
+    assert (d.id, d.category, d.prompt_key) == ("q9", "docvqa_val", "docvqa")
+
+
+class FakeRows(list):
+    def select(self, indices):
+        return FakeRows(self[i] for i in indices)
+
+
+def test_datasets_are_loaded_with_the_documented_config_and_split(monkeypatch):
+    calls = []
+    red, blue = tiny.images(2)
+
+    def load_dataset(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        if name.endswith("Interleave-Bench"):
+            return iter([{"sample_id": i, "sub_task": "IEdit", "image_0": red, "image_1": blue, "question": "q"}
+                         for i in range(5)])
+        if name.endswith("MMVet"):
+            raise ConnectionError("no network\nmore detail")
+        return FakeRows({"question_id": i, "image": red, "question": f"q{i}"} for i in range(5))
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    assert [s.id for s in hub.load("lmms-lab/llava-bench-in-the-wild", limit=2)] == ["0", "1"]
+    edits = hub.load("lmms-lab/LLaVA-NeXT-Interleave-Bench:IEdit", limit=3)
+    assert [s.id for s in edits] == ["IEdit-0", "IEdit-1", "IEdit-2"] and edits[0].prompt_key == "iedit"
+    hub.load("lmms-lab/LLaVA-NeXT-Interleave-Bench:out_of_domain/IEdit", limit=1)
+    assert calls == [("lmms-lab/llava-bench-in-the-wild", None, "train", False),
+                     ("lmms-lab/LLaVA-NeXT-Interleave-Bench", "in_domain", "test", True),
+                     ("lmms-lab/LLaVA-NeXT-Interleave-Bench", "out_of_domain", "test", True)]
+    with pytest.raises(InputError, match=r"could not load dataset lmms-lab/MMVet \(ConnectionError: no network\)"):
+        hub.load("lmms-lab/MMVet")
+
+
+def test_a_dataset_without_the_datasets_package_says_how_to_install(files, monkeypatch, no_model_loading, tmp_path):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    result = bench(files, "lmms-lab/llava-bench-in-the-wild", "--out", str(tmp_path / "x.jsonl"))
+    assert_one_line_error(result, "pip install 'mmspec[datasets]'")
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def assert_one_line_error(result, fragment: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert result.stdout == ""
+    [line] = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
+    assert line.startswith("error: ") and fragment in line, line
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(api, "load_model", refuse)
+
+
+def _bad_manifests(root: Path) -> dict:
+    good = json.dumps(SAMPLES[0])
+    return {
+        "malformed line": (write_jsonl(root / "malformed.jsonl", [good, '{"id": "s1", "images": [']),
+                           "manifest.*line 2: not valid JSON"),
+        "missing field": (write_jsonl(root / "missing.jsonl", [{"id": "s1", "images": [], "category": "c"}]),
+                          "line 1: missing 'turns'"),
+        "duplicate id": (write_jsonl(root / "dup.jsonl", [good, good]), "line 2: id 's0' repeats line 1"),
+        "empty": (write_jsonl(root / "empty.jsonl", []), "has no samples"),
+    }
+
+
+BAD_ARGS = {
+    "unknown suite": (["no-such-suite"], "neither an existing manifest file, nor a known suite (known suites: none yet)"),
+    "shard out of range": (["M", "--shard", "2/2"], "--shard: expected 0 <= i < n"),
+    "shard not numbers": (["M", "--shard", "a/b"], "--shard: expected integers"),
+    "shard no slash": (["M", "--shard", "1"], "--shard: expected i/n"),
+    "shard negative": (["M", "--shard", "-1/2"], "--shard: expected 0 <= i < n"),
+    "shard auto without env": (["M", "--shard", "auto"], "RANK and WORLD_SIZE"),
+    "unknown drafter": (["M", "--drafters", "ar,zz"], "drafter 'zz'"),
+    "repeated drafter": (["M", "--drafters", "ar,m,ar"], "names 'ar' twice"),
+    "unwritable out": (["M", "--out", "/nonexistent-dir/results.jsonl"], "--out /nonexistent-dir/results.jsonl can't be written"),
+    "out is a directory": (["M", "--out", "ROOT"], "is a directory"),
+    "bad format": (["M", "--format", "xml"], "--format: expected one of table, json, csv"),
+    "bad prompt style": (["M", "--prompt-style", "fancy"], "--prompt-style: expected one of default, paper"),
+    "limit 0": (["M", "--limit", "0"], "--limit: expected an integer >= 1"),
+    "hf-assisted sampling": (["M", "--drafters", "hf-assisted", "--temperature", "0.5"], "hf-assisted runs greedy only"),
+    "no source": ([], "no SOURCE given"),
+    "resume without out": (["M", "--resume"], "--resume continues an --out file"),
+    "source and summarize": (["M", "--summarize", "M"], "not both"),
+    "unknown dataset subset": (["lmms-lab/LMMs-Eval-Lite"], "needs a subset"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGS)
+def test_bad_arguments_are_one_line_before_loading(files, no_model_loading, case, monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    args, fragment = BAD_ARGS[case]
+    args = [{"M": files["manifest"], "ROOT": str(files["root"])}.get(a, a) for a in args]
+    assert_one_line_error(bench(files, *args), fragment)
+
+
+@pytest.mark.parametrize("case", ["malformed line", "missing field", "duplicate id", "empty"])
+def test_bad_manifests_are_one_line_with_the_line_number(files, no_model_loading, case):
+    path, fragment = _bad_manifests(files["root"])[case]
+    result = bench(files, path)
+    assert_one_line_error(result, "")
+    assert re.search(fragment, result.stderr), result.stderr
+
+
+def test_results_file_keeps_only_complete_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\n{"id": "b", "tu')
+    assert [r["id"] for r in records_mod.read_records([path])] == ["a"]
+    path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\nnot json\n')
+    with pytest.raises(InputError, match="line 2 is not valid JSON"):
+        records_mod.read_records([path])
+
+
+def test_text_only_and_missing_image_samples(files, tmp_path):
+    manifest = write_jsonl(tmp_path / "m.jsonl", [
+        {"id": "text", "images": [], "turns": ["tell me a story"], "category": "nlp"},
+        {"id": "gone", "images": ["missing.png"], "turns": ["what?"], "category": "nlp"}])
+    result = bench(files, manifest, "--drafters", "ar", "--out", str(tmp_path / "r.jsonl"), "--format", "json")
+    assert result.exit_code == 1
+    summary = json.loads(result.stdout)
+    assert summary["failed"] == 1 and "does not exist" in summary["errors"][0]["error"]
+    assert [r["samples"] for r in summary["rows"] if r["category"] == "nlp"] == [1]
+
+
+def test_pil_images_from_datasets_load(tmp_path):
+    from mmspec_cli.bench.samples import load_sample_images
+
+    gray = Image.new("L", (8, 8))
+    assert load_sample_images(Sample("x", "c", ("q",), (gray,)))[0].mode == "RGB"
