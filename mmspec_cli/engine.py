@@ -24,7 +24,7 @@ import torch
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter
 from .metrics import RunStats
 from .models import LoadedModel
-from .prompts import check_questions, check_raw_prompt, process, render_prompt
+from .prompts import ModelPrompt, check_questions, check_raw_prompt, process, render_prompt
 from .runner import CachedModel
 from .sampling import SamplingParams, TokenPicker
 from .verify import Verdict, verify_greedy, verify_sampling
@@ -172,7 +172,7 @@ class SpeculativeDecoder:
             t0 = time.perf_counter()
             draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
             t1 = time.perf_counter()
-            verdict, target_logits = self._verify(prompt.ids + generated, draft, prompt.vision, picker)
+            verdict, target_logits = self._verify(prompt, generated, draft, picker)
             t2 = time.perf_counter()
             if len(draft):
                 self.drafter.observe(target_logits, draft, verdict, picker)
@@ -207,9 +207,11 @@ class SpeculativeDecoder:
             self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
             started.result()  # re-raises the drafter's error, if any
 
-    def _verify(self, context: list[int], draft: Draft, vision: dict, picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
-        """ONE target forward over the verified context plus the draft; then the verification rule."""
-        logits = self.runner.logits(context + draft.tokens, keep=len(draft) + 1, vision=vision)  # (γ+1, V)
+    def _verify(self, prompt: ModelPrompt, generated: list[int], draft: Draft,
+                picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
+        """ONE target forward over the verified tokens plus the draft; then the verification rule."""
+        logits = self.runner.logits(prompt.ids + generated + draft.tokens, keep=len(draft) + 1,
+                                    vision=prompt.vision, prompt_len=len(prompt.ids))  # (γ+1, V)
         tokens = torch.tensor(draft.tokens, dtype=torch.long)
         if picker.greedy:
             return verify_greedy(tokens, logits), logits

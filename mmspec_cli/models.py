@@ -141,6 +141,9 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False) -> LoadedModel:
         ) from exc
     except OSError as exc:
         raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
+    except ImportError as exc:  # e.g. LLaVA-OneVision's processor needs torchvision for its video part
+        raise ModelLoadError(f"{role}.model: '{spec.model}' needs a package that is not installed ({_first_line(exc)}); "
+                             f"install it (often `pip install torchvision`) and try again") from exc
     if "device_map" not in kwargs:
         model = model.to(device)
     model.eval()

@@ -93,7 +93,8 @@ def check_raw_prompt(raw_prompt: str, processor: Any, n_images: int) -> None:
 
 def process(processor: Any, text: str, images: Sequence[Any]) -> ModelPrompt:
     """Tokenize ``text`` with ``processor``, expanding each image placeholder and encoding the images."""
-    batch = processor(images=list(images) or None, text=text, return_tensors="pt")
+    # one sample holding all its images (OneVision then uses its multi-image layout, as its chat template does)
+    batch = processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
     ids = batch["input_ids"][0].tolist()
     vision = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
     return ModelPrompt(ids=ids, vision=vision)

@@ -72,43 +72,62 @@ class CachedModel:
         self.vision = {}
 
     @torch.inference_mode()
-    def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None,
+               prompt_len: int | None = None) -> torch.Tensor:
         """Logits (keep, V) for the last ``keep`` positions of ``ids``; the cache then holds all of ``ids``.
 
-        ``vision`` holds the processor's image tensors for every image placeholder in ``ids``;
-        they are used only when the part to feed contains placeholders.
+        ``vision`` holds the processor's image tensors for the image placeholders in the first
+        ``prompt_len`` ids (default: all of ``ids``). Image ids after the prompt (drafted or
+        generated) are ordinary tokens, as in transformers' own ``generate``. When the part to
+        feed reaches back into the prompt's placeholders, the prompt is encoded again from the
+        start with its pixels, never spliced.
         """
+        prompt_len = len(ids) if prompt_len is None else prompt_len
+        images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
         reuse = common_prefix_length(self.ids, ids)
-        if reuse and self.image_token_id in self.ids[:reuse] and not same_tensors(self.vision, vision):
+        if reuse and images_end and not same_tensors(self.vision, vision):
             reuse = 0  # same placeholder ids, other images: the cached image positions are stale
         reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
-        fresh = ids[reuse:]
-        image_kwargs: Mapping[str, torch.Tensor] = {}
-        if self.image_token_id is not None and self.image_token_id in fresh:
-            reuse, fresh = 0, ids  # images are encoded with the whole prompt, never spliced
-            image_kwargs = vision or {}
-        if reuse == 0:
+        if reuse < images_end:
             self.reset()
+            segments = [(0, prompt_len, vision or {}), (prompt_len, len(ids), {})]
         else:
             crop_to(self.cache, reuse)
-        input_ids = torch.tensor([list(fresh)], dtype=torch.long, device=self.device)  # (1, n_fresh)
+            segments = [(reuse, len(ids), {})]
+        parts = [self._forward(ids[start:stop], images, wanted=min(stop - start, max(0, keep - (len(ids) - stop))))
+                 for start, stop, images in segments if stop > start]
+        self.ids = list(ids)
+        if images_end:
+            self.vision = dict(vision or {})
+        return torch.cat([p for p in parts if p is not None])  # (keep, V)
+
+    def _forward(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], wanted: int) -> torch.Tensor | None:
+        """Feed ``ids`` (with ``images`` for their placeholders); logits of the last ``wanted`` positions."""
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
         try:
             out = self.model(
                 input_ids=input_ids,
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=keep,
-                **{k: _to_model(v, self.model) for k, v in image_kwargs.items()},
+                logits_to_keep=max(wanted, 1),  # 0 would mean "all positions" to transformers
+                **{k: _to_model(v, self.model) for k, v in images.items()},
             )
         except torch.cuda.OutOfMemoryError as exc:
             raise MmspecError(
                 f"CUDA ran out of memory in the {self.role} model; set {self.role}.quantization: 4bit "
                 f"(or 8bit), a smaller dtype such as float16, or a shorter prompt"
             ) from exc
-        self.ids = list(ids)
-        if image_kwargs:
-            self.vision = dict(image_kwargs)
-        return out.logits[0, -keep:]  # (keep, V)
+        return out.logits[0, -wanted:] if wanted else None
+
+
+def _placeholders_end(ids: Sequence[int], image_token_id: int | None) -> int:
+    """One past the last image placeholder in ``ids`` (0 when there is none)."""
+    if image_token_id is None:
+        return 0
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == image_token_id:
+            return i + 1
+    return 0
 
 
 def _to_model(value: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:

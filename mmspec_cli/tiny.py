@@ -109,3 +109,128 @@ def images(n: int) -> list[Image.Image]:
             img.putpixel((x, (x * (i + 3)) % 32), (255, 255, 255))
         out.append(img)
     return out
+
+
+# --- LLaVA-NeXT and LLaVA-OneVision targets (anyres tiling), sharing the tokenizer above ---------------
+
+# (height, width) resolutions of the anyres grid: one 28×28 tile, or two side by side / stacked.
+GRID_PINPOINTS = [[28, 28], [28, 56], [56, 28]]
+
+
+def _sharpen_and_ids(model, sharpen: float):
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpen)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 3
+    return model
+
+
+def make_next_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE):
+    """A LlavaNextProcessor: CLIP-style 28×28 base image plus 28×28 anyres tiles (PIL backend, no torchvision)."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                                 image_grid_pinpoints=GRID_PINPOINTS)
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=chat_template)
+
+
+def make_next_config(vocab_size: int, hidden: int = 32, layers: int = 2):
+    from transformers import LlavaNextConfig
+
+    base = make_config(vocab_size, hidden, layers)
+    return LlavaNextConfig(vision_config=base.vision_config, text_config=base.text_config,
+                           image_token_id=IMAGE_TOKEN_ID, vision_feature_select_strategy="default",
+                           vision_feature_layer=-1, image_grid_pinpoints=GRID_PINPOINTS, image_seq_length=4)
+
+
+def make_next_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sharpen: float = 4.0):
+    """A random float64 LLaVA-NeXT (CLIP 28/14 tower, Llama text) with a sharpened LM head."""
+    from transformers import LlavaNextForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(make_next_config(vocab_size, hidden, layers)).to(torch.float64)
+    return _sharpen_and_ids(model, sharpen)
+
+
+def make_onevision_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE):
+    """A LlavaOnevisionProcessor: SigLIP-style 28×28 images (4 tokens each) plus anyres tiles (PIL backend).
+
+    transformers 5.x builds this processor only with a video processor, and its video processors
+    need torchvision. With torchvision the processor is the standard one (saveable, and loadable
+    by ``AutoProcessor``). Without it, an images-only processor is built (``video_processor=None``,
+    with transformers' sub-processor class check skipped during construction): it processes images
+    and text like the standard one but cannot be saved, and ``AutoProcessor`` cannot load a saved
+    OneVision model at all there.
+    """
+    from unittest import mock
+
+    from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor
+    from transformers.processing_utils import ProcessorMixin
+    from transformers.utils import is_torchvision_available
+
+    image_processor = LlavaOnevisionImageProcessorPil(size={"height": 28, "width": 28},
+                                                      image_grid_pinpoints=GRID_PINPOINTS)
+    kwargs = dict(image_processor=image_processor, tokenizer=tokenizer, num_image_tokens=4,
+                  vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
+                  chat_template=chat_template)
+    if is_torchvision_available():
+        from transformers import LlavaOnevisionVideoProcessor
+
+        return LlavaOnevisionProcessor(video_processor=LlavaOnevisionVideoProcessor(size={"height": 28, "width": 28}),
+                                       **kwargs)
+    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+        return LlavaOnevisionProcessor(video_processor=None, **kwargs)
+
+
+def make_onevision_config(vocab_size: int, hidden: int = 32, layers: int = 2):
+    from transformers import LlavaOnevisionConfig, Qwen2Config, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14, vision_use_head=False)
+    text = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    # No <video> token in the shared tokenizer: the video id is one no token has.
+    return LlavaOnevisionConfig(vision_config=vision, text_config=text, image_token_id=IMAGE_TOKEN_ID,
+                                video_token_id=vocab_size, vision_feature_select_strategy="full",
+                                vision_feature_layer=-1, image_grid_pinpoints=GRID_PINPOINTS,
+                                vision_aspect_ratio="anyres_max_9")
+
+
+def make_onevision_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sharpen: float = 4.0):
+    """A random float64 LLaVA-OneVision (SigLIP 28/14 tower, Qwen2 text) with a sharpened LM head."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = LlavaOnevisionForConditionalGeneration(make_onevision_config(vocab_size, hidden, layers)).to(torch.float64)
+    return _sharpen_and_ids(model, sharpen)
+
+
+def llava_draft_for(target, scale: float, seed: int):
+    """A LLaVA-1.5-style draft (LlavaForConditionalGeneration, CLIP 28/14 tower) for any tiny target.
+
+    It takes the target's text config; its language model and LM head are the target's plus
+    Gaussian noise (relative ``scale``), and so are its vision tower and projector when the
+    target's tower is the same CLIP (LLaVA-NeXT): the draft agrees with the target often, not always.
+    """
+    torch.manual_seed(seed)
+    text = target.config.text_config
+    base = make_config(text.vocab_size)
+    config = LlavaConfig(vision_config=base.vision_config, text_config=text, image_token_id=IMAGE_TOKEN_ID,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    draft = LlavaForConditionalGeneration(config).to(torch.float64)
+    prefixes = ["model.language_model.", "lm_head."]
+    if target.config.vision_config.to_dict() == config.vision_config.to_dict():
+        prefixes += ["model.vision_tower.", "model.multi_modal_projector."]
+    own = draft.state_dict()
+    shared = {k: v for k, v in target.state_dict().items()
+              if k.startswith(tuple(prefixes)) and k in own and own[k].shape == v.shape}
+    draft.load_state_dict(shared, strict=False)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
+    draft.generation_config.eos_token_id = 2
+    draft.generation_config.pad_token_id = 3
+    return draft

@@ -61,7 +61,8 @@ class SingleModelDrafter(Drafter):
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         for _ in range(gamma):
-            logits = fit_vocab(self.runner.logits(ids, 1, self.prompt.vision)[-1], self.target_vocab)  # (V,)
+            logits = self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1]
+            logits = fit_vocab(logits, self.target_vocab)  # (V,)
             token, probs = picker.choose(logits)
             tokens.append(token)
             if probs is not None:

@@ -1,0 +1,225 @@
+"""LLaVA-NeXT and LLaVA-OneVision targets with a LLaVA-1.5-style draft sharing the tokenizer.
+
+The target expands each ``<image>`` with its own processor (anyres tiles, ``image_sizes``); the
+draft expands the same prompt text its own way (one 28×28 image, 4 tokens). Greedy speculative
+decoding must still reproduce the target's own ``generate(do_sample=False)`` token for token.
+
+transformers 5.x builds a OneVision processor only with a video processor, which needs
+torchvision. Without torchvision the OneVision target's model is loaded exactly as ``load_model``
+loads it (``AutoModelForImageTextToText``) and its processor is the in-process images-only one
+of ``tiny.make_onevision_processor``; with torchvision it goes through ``load_model`` like NeXT.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+from transformers.utils import is_torchvision_available
+
+from mmspec_cli import tiny
+from mmspec_cli.drafters import NoDrafter, build_drafter
+from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.models import LoadedModel, check_compatible, load_model
+from mmspec_cli.profiles import ModelSpec
+from mmspec_cli.prompts import process, render_prompt
+
+QUESTION = "what is in the image?"
+FOLLOW_UP = "and how many shapes are there?"
+MAX_NEW = 16
+FAMILIES = {
+    "next": (tiny.make_next_model, tiny.make_next_processor, "LlavaNextForConditionalGeneration"),
+    "onevision": (tiny.make_onevision_model, tiny.make_onevision_processor, "LlavaOnevisionForConditionalGeneration"),
+}
+
+
+def load(path: str, role: str) -> LoadedModel:
+    return load_model(ModelSpec(model=path, dtype="float64", device="cpu"), role)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny.train_tokenizer()  # ONE tokenizer for every target and draft: their vocabularies agree
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory, tokenizer):
+    """Per family: the target, a LLaVA-1.5-style draft sharing its text weights (perturbed), and a
+    plain tiny LLaVA-1.5 draft (Llama text, unrelated weights), all loaded back from disk."""
+    root = tmp_path_factory.mktemp("families")
+    vocab = len(tokenizer)
+    draft_processor = tiny.make_processor(tokenizer)
+    # seed 9: a draft that never proposes the <image> id here (that hazard has its own tests below)
+    plain_dir = tiny.save(tiny.make_model(vocab, seed=9), draft_processor, root / "plain_llava15")
+    out = {}
+    for family, (make_model, make_processor, _) in FAMILIES.items():
+        target = make_model(vocab, seed=0)
+        processor = make_processor(tokenizer)
+        draft_dir = tiny.save(tiny.llava_draft_for(target, 0.15, seed=1), draft_processor, root / f"{family}_draft")
+        if family == "onevision" and not is_torchvision_available():
+            save_without_video_processor(target, processor, root / family)
+            model = AutoModelForImageTextToText.from_pretrained(root / family, dtype=torch.float64).eval()
+            loaded = LoadedModel(role="target", name=str(root / family), model=model, processor=processor)
+        else:
+            loaded = load(tiny.save(target, processor, root / family), "target")
+        out[family] = {"target": loaded, "draft": load(draft_dir, "draft"), "plain": load(plain_dir, "draft")}
+    return out
+
+
+def save_without_video_processor(model, processor, path) -> None:
+    """What save_pretrained would write for a OneVision target, less its (torchvision) video processor."""
+    model.save_pretrained(path)
+    processor.tokenizer.save_pretrained(path)
+    processor.image_processor.save_pretrained(path)
+    config = {"processor_class": type(processor).__name__, "num_image_tokens": processor.num_image_tokens,
+              "vision_feature_select_strategy": processor.vision_feature_select_strategy,
+              "vision_aspect_ratio": processor.vision_aspect_ratio}
+    (path / "processor_config.json").write_text(json.dumps(config))
+
+
+def reference(target: LoadedModel, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
+    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
+    text = render_prompt(target.processor, questions, answers, len(images))
+    # one sample with all its images, as apply_chat_template(tokenize=True) passes them
+    inputs = target.processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(families):
+    return {(family, n): reference(models["target"], [QUESTION], [], tiny.images(n))
+            for family, models in families.items() for n in (0, 1, 2)}
+
+
+def decode(models, drafter, gamma, n_images=1, draft="draft", questions=(QUESTION,)):
+    target = models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, models[draft]), gamma=gamma,
+                                 max_new_tokens=MAX_NEW)
+    return decoder.generate(tiny.images(n_images), list(questions))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_pair_is_what_it_claims(families, family):
+    target, draft = families[family]["target"], families[family]["draft"]
+    assert type(target.model).__name__ == FAMILIES[family][2]
+    assert type(target.processor).__name__ == FAMILIES[family][2].replace("ForConditionalGeneration", "Processor")
+    assert type(draft.model).__name__ == "LlavaForConditionalGeneration"
+    assert type(draft.processor).__name__ == "LlavaProcessor"
+    assert target.image_token_id == draft.image_token_id == tiny.IMAGE_TOKEN_ID
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("draft", ["draft", "plain"])
+def test_check_compatible_passes(families, family, draft):
+    check_compatible(families[family]["target"], families[family][draft])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_model_expands_the_images_its_own_way(families, family):
+    target, draft = families[family]["target"], families[family]["draft"]
+    text = render_prompt(target.processor, [QUESTION], [], 2)
+    mine, theirs = process(target.processor, text, tiny.images(2)), process(draft.processor, text, tiny.images(2))
+    assert "image_sizes" in mine.vision and "image_sizes" not in theirs.vision
+    if family == "next":
+        assert mine.vision["pixel_values"].shape[1] > 1  # base image + anyres tiles
+    else:  # several images: OneVision's multi-image layout (no tiling), as its own chat template path uses
+        assert mine.vision["pixel_values"].shape[1] == 1 and mine.vision["batch_num_images"].tolist() == [2]
+    assert theirs.ids.count(tiny.IMAGE_TOKEN_ID) == 2 * 4  # LLaVA-1.5: 2×2 patches per image
+    assert mine.ids.count(tiny.IMAGE_TOKEN_ID) > theirs.ids.count(tiny.IMAGE_TOKEN_ID)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["ar", "m", "t", "mt", "tabed"])
+@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_greedy_equals_target_generate(families, refs, family, drafter, gamma, n_images):
+    turn = decode(families[family], drafter, gamma, n_images).turns[0]
+    assert turn.token_ids == refs[family, n_images]
+    if drafter == "m" and gamma == 3:
+        assert 0.0 < turn.stats.acceptance_rate < 1.0  # both paths taken: accepted and rejected drafts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["m", "t", "tabed"])
+def test_an_unrelated_llava15_draft_is_still_lossless(families, refs, family, drafter):
+    assert decode(families[family], drafter, 3, draft="plain").turns[0].token_ids == refs[family, 1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_turns_equal_generate(families, family):
+    target = families[family]["target"]
+    first, second = decode(families[family], "mt", 3, questions=(QUESTION, FOLLOW_UP)).turns
+    assert first.token_ids == reference(target, [QUESTION], [], tiny.images(1))
+    assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], tiny.images(1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reused_decoder_sees_an_image_of_another_shape(families, family):
+    """A tall image picks another anyres grid: another placeholder count, another ``image_sizes``."""
+    models = families[family]
+    target = models["target"]
+    wide, tall = tiny.images(1)[0], Image.new("RGB", (24, 64), (200, 30, 60))
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    counts = [process(target.processor, text, [img]).ids.count(tiny.IMAGE_TOKEN_ID) for img in (wide, tall)]
+    assert counts[0] != counts[1]
+    for name in ("m", "mt"):
+        decoder = SpeculativeDecoder(target, build_drafter(name, target, models["draft"]), gamma=3,
+                                     max_new_tokens=MAX_NEW)
+        decoder.generate([wide], [QUESTION])
+        assert decoder.generate([tall], [QUESTION]).turns[0].token_ids == reference(target, [QUESTION], [], [tall])
+
+
+@pytest.mark.skipif(is_torchvision_available(), reason="with torchvision a OneVision model loads (the fixture uses load_model)")
+def test_onevision_without_torchvision_is_a_clear_load_error(families):
+    with pytest.raises(ModelLoadError, match="torchvision"):
+        load(families["onevision"]["target"].name, "target")
+
+
+# --- An <image> id outside the prompt -----------------------------------------------------------------
+# A drafted or generated <image> id is an ordinary vocabulary entry once the prompt is over: it gets no
+# pixels (as in transformers' own generate), and the runner must not take it for a prompt placeholder.
+
+
+def image_token_lm_head(model) -> None:
+    """Make ``model`` emit the <image> id at every step: an LM head with zero weights and a bias on it."""
+    head = model.get_output_embeddings()
+    new = torch.nn.Linear(head.in_features, head.out_features, bias=True, dtype=head.weight.dtype)
+    with torch.no_grad():
+        new.weight.zero_()
+        new.bias.zero_()
+        new.bias[tiny.IMAGE_TOKEN_ID] = 1.0
+    model.set_output_embeddings(new)
+
+
+@pytest.fixture(scope="module")
+def image_token_draft(tokenizer):
+    model = tiny.make_model(len(tokenizer), seed=9).eval()
+    image_token_lm_head(model)
+    return LoadedModel(role="draft", name="image-token draft", model=model, processor=tiny.make_processor(tokenizer))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_target_that_generates_the_image_id_matches_generate(tokenizer, families, family):
+    model = FAMILIES[family][0](len(tokenizer), seed=0).eval()
+    image_token_lm_head(model)
+    target = LoadedModel(role="target", name=family, model=model, processor=families[family]["target"].processor)
+    ref = reference(target, [QUESTION], [], tiny.images(1), max_new_tokens=4)
+    assert ref == [tiny.IMAGE_TOKEN_ID] * 4
+    decoder = SpeculativeDecoder(target, NoDrafter(), gamma=3, max_new_tokens=4)
+    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == ref
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["m", "t", "mt"])
+def test_a_drafted_image_id_is_just_rejected(families, refs, image_token_draft, family, drafter):
+    target = families[family]["target"]
+    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, image_token_draft), gamma=3,
+                                 max_new_tokens=MAX_NEW)
+    turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
+    assert turn.token_ids == refs[family, 1]
+    assert turn.stats.accepted == 0
