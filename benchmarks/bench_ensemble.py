@@ -29,8 +29,17 @@ and a large one, a perturbed copy of the target):
    efficiency τ of each, and token ids identical to each other and to the target's own
    greedy ``generate`` (lossless).
 
-Run ``python benchmarks/bench_ensemble.py`` (about 2-3 minutes on 2 CPU cores) or
-``--quick`` for a smoke run. It always exits 0: it is a measurement; verdicts are printed.
+The small draft is random (64 hidden x 2 layers): it is accepted about never (τ ≈ 1), so
+each block verifies one position. The large draft (a perturbed copy of the target) is
+accepted in long runs, so blocks verify several positions. Lines marked ``*`` are
+diagnostics: prototypes of suggested engine changes defined in this script
+(``PreparedMaskRows``, ``VectorisedPolicy``), never what the engine runs and never judged;
+``--no-diagnostics`` skips them. The machine line (with ``os.getloadavg()``) is printed at
+the start and in the summary: timings on a shared machine move with its load.
+
+Run ``python benchmarks/bench_ensemble.py`` (about 2-3 minutes on 2 CPU cores; ``--profile``
+adds cProfile breakdowns of the update) or ``--quick`` for a 15 s smoke run. It always
+exits 0: it is a measurement; verdicts are printed.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from mmspec_cli.drafters import build_drafter  # noqa: E402
 from mmspec_cli.drafters.rows import BatchedRows  # noqa: E402
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row  # noqa: E402
 from mmspec_cli.engine import SpeculativeDecoder  # noqa: E402
-from mmspec_cli.ensemble import PolicyConfig, WeightPolicy  # noqa: E402
+from mmspec_cli.ensemble import KL_FLOOR, PolicyConfig, WeightPolicy  # noqa: E402
 from mmspec_cli.models import LoadedModel, load_model  # noqa: E402
 from mmspec_cli.profiles import ModelSpec  # noqa: E402
 from mmspec_cli.prompts import process, render_prompt  # noqa: E402
@@ -93,10 +102,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--generated", type=int, default=32, help="generated tokens after the prompt in the draft-step test")
     p.add_argument("--step-repeats", type=int, default=150, help="timed single steps per variant (median)")
     p.add_argument("--update-repeats", type=int, default=200, help="timed policy updates per case (median)")
-    p.add_argument("--repeats", type=int, default=5, help="timed end-to-end runs per drafter and draft (median)")
+    p.add_argument("--repeats", type=int, default=7, help="timed end-to-end runs per drafter and draft (median)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for everything")
+    p.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                   help="skip the diagnostic prototypes of suggested engine changes (marked * in the output; they run unless this is given)")
     p.add_argument("--profile", action="store_true",
-                   help="also cProfile one tabed:mtcp (grid) run and the policy update, and print where the time goes")
+                   help="also cProfile one tabed and one tabed:mtcp run (grid, small draft) and print where the update time goes")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
@@ -160,6 +171,25 @@ def build_models(root: Path, args) -> tuple[LoadedModel, dict[str, LoadedModel]]
 
 
 VARIANTS = ("m (CachedModel)", "1 row m", "2 rows m,t", "4 rows m,t,c,p")
+DIAG_ROWS = "4 rows, 4-D mask *"  # diagnostic, not the engine: see PreparedMaskRows
+
+
+class PreparedMaskRows(BatchedRows):
+    """DIAGNOSTIC, not what the engine runs: a prototype of a suggested ``BatchedRows`` change.
+
+    For a one-token step it passes the attention mask already in 4-D, (B, 1, 1, L) bool (what
+    transformers' sdpa mask would be: True = attend), instead of the 2-D padding mask, so that
+    transformers returns it as is (``masking_utils._preprocess_mask_arguments``) rather than
+    building the 4-D mask in ~20 small ops every step. Same logits (checked in the run).
+    """
+
+    def _forward(self, fresh: int, **inputs) -> torch.Tensor:
+        if fresh != 1:
+            return super()._forward(fresh, **inputs)
+        positions = self.mask.sum(1, keepdim=True) - 1  # (B, 1): each row's own position
+        out = self.model(attention_mask=self.mask[:, None, None, :].bool(), position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1, **inputs)
+        return out.logits[:, -1]
 
 
 @dataclass
@@ -167,6 +197,7 @@ class StepResult:
     medians: dict[str, float]  # variant -> median seconds
     head_lengths: dict[str, list[int]]  # variant -> each row's head length
     cached: int  # positions in the cache before the step (longest row)
+    diag_diff: float | None = None  # max |logits difference| of the diagnostic variant vs the engine's 4 rows
 
     def ratio(self, variant: str, base: str = "1 row m") -> float:
         return self.medians[variant] / self.medians[base]
@@ -185,9 +216,13 @@ def draft_step_times(draft: LoadedModel, captioner: Captioner, images, args) -> 
     m, t = multimodal_row(draft), text_only_row(draft)
     c, p = caption_row(draft, captioner), pooled_row(draft, args.pool)
     members = {"1 row m": [m], "2 rows m,t": [m, t], "4 rows m,t,c,p": [m, t, c, p]}
+    diagnose = args.diagnostics and draft.model.config._attn_implementation == "sdpa"  # bool 4-D mask = sdpa's
+    if diagnose:
+        members[DIAG_ROWS] = [m, t, c, p]
+    variants = VARIANTS + ((DIAG_ROWS,) if diagnose else ())
     calls, heads = {}, {}
     for variant, views in members.items():
-        rows = BatchedRows(draft.model, draft.image_token_id)
+        rows = (PreparedMaskRows if variant == DIAG_ROWS else BatchedRows)(draft.model, draft.image_token_id)
         rows_in = [v(text, images) for v in views]
         base = rows.begin(rows_in) + gen
         rows.logits(base)  # prefill + the generated tokens: the cache now holds every row's head + base
@@ -199,11 +234,14 @@ def draft_step_times(draft: LoadedModel, captioner: Captioner, images, args) -> 
     runner.logits(ids, 1, prompt.vision)
     calls["m (CachedModel)"] = lambda x: runner.logits(ids + [x], 1, prompt.vision)
     heads["m (CachedModel)"] = [len(prompt.ids)]
-    times = {v: [] for v in VARIANTS}
+    times = {v: [] for v in variants}
     warmup = 5
     x_tokens = gen[:2] if gen[0] != gen[1] else [gen[0], gen[0] + 1]
+    diff = None
+    if diagnose:
+        diff = float((calls["4 rows m,t,c,p"](x_tokens[0]) - calls[DIAG_ROWS](x_tokens[0])).abs().max())
     for i in range(warmup + args.step_repeats):
-        order = VARIANTS[i % len(VARIANTS):] + VARIANTS[: i % len(VARIANTS)]  # rotate who goes first
+        order = variants[i % len(variants):] + variants[: i % len(variants)]  # rotate who goes first
         x = x_tokens[i % 2]
         for variant in order:
             t0 = time.perf_counter()
@@ -212,7 +250,7 @@ def draft_step_times(draft: LoadedModel, captioner: Captioner, images, args) -> 
             if i >= warmup:
                 times[variant].append(dt)
     return StepResult(medians={v: statistics.median(ts) for v, ts in times.items()}, head_lengths=heads,
-                      cached=max(heads["4 rows m,t,c,p"]) + len(gen))
+                      cached=max(heads["4 rows m,t,c,p"]) + len(gen), diag_diff=diff)
 
 
 # --------------------------------------------------------------------------- end to end (2 and 3)
@@ -251,8 +289,16 @@ class UpdateStats:
     step_s: float = 0.0  # sum over blocks of draft_s / len(draft)
     blocks: int = 0
     verified: int = 0  # positions the updates saw
+    tokens: int = 0  # new tokens of the runs, for τ
+    all_blocks: int = 0
 
-    def add(self, blocks, gamma: int) -> None:
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(self.all_blocks, 1)
+
+    def add(self, blocks) -> None:
+        self.tokens += sum(len(b.tokens) for b in blocks)
+        self.all_blocks += len(blocks)
         for b in blocks:
             if not b.draft:
                 continue
@@ -305,6 +351,11 @@ class E2E:
     def ratio(self) -> float:
         return self.median("tabed") / self.median("m")
 
+    @property
+    def paired(self) -> float:
+        """Median over repeats of tabed / m within the same repeat (the two ran back to back)."""
+        return statistics.median(t / m for t, m in zip(self.ms["tabed"], self.ms["m"]))
+
 
 def split(run: Run) -> tuple[float, float, float, float]:
     n = max(len(run.ids), 1)
@@ -319,7 +370,7 @@ def tabed_vs_m(kind, target, draft, ref, images, args) -> E2E:
     policy = PolicyConfig()  # the default: grid, KL, soft labels, all verified positions
     check = {n: run_engine(target, draft, n, policy, None, images, args) for n in names}  # warm-up + check
     updates = UpdateStats()
-    updates.add(check["tabed"].blocks, args.gamma)
+    updates.add(check["tabed"].blocks)
     ms = {n: [] for n in names}
     splits = {n: [] for n in names}
     for r in range(args.repeats):
@@ -328,7 +379,7 @@ def tabed_vs_m(kind, target, draft, ref, images, args) -> E2E:
             ms[n].append(run.per_token_ms)
             splits[n].append(split(run))
             if n == "tabed":
-                updates.add(run.blocks, args.gamma)
+                updates.add(run.blocks)
     split_ms = {n: tuple(statistics.median(s[i] for s in splits[n]) for i in range(4)) for n in names}
     return E2E(draft=kind, ref_ok={n: check[n].ids == ref for n in names}, same=check["m"].ids == check["tabed"].ids,
                tau={n: check[n].tau for n in names}, ms=ms, split_ms=split_ms, updates=updates)
@@ -348,58 +399,109 @@ def engine_updates(target, draft, captioner, images, args, runs: int) -> dict[st
         stats = UpdateStats()
         run_engine(target, draft, name, policy, captioner, images, args)  # warm-up
         for _ in range(runs):
-            stats.add(run_engine(target, draft, name, policy, captioner, images, args).blocks, args.gamma)
+            stats.add(run_engine(target, draft, name, policy, captioner, images, args).blocks)
         out[label] = stats
     return out
 
 
-def policy_micro(members: int, policy: PolicyConfig, vocab: int, n: int, repeats: int) -> float:
-    """Median seconds of ``WeightPolicy.observe`` (n positions) + ``weights()``, float32 inputs like the engine's."""
+class VectorisedPolicy(WeightPolicy):
+    """DIAGNOSTIC, not what the engine runs: a prototype of a suggested ``WeightPolicy.observe``.
+
+    Same evidence up to float32 rounding: the candidate mixtures are built once (one matmul,
+    not one einsum for the errors and another for the hits), the KL's cross term is one
+    batched product, log and clamp run in place, the hits are computed only when the policy
+    reads them (hard labels, adaboost), and with an unbounded window the evidence is summed in
+    one op instead of a Python loop over positions.
+    """
+
+    def observe(self, p: torch.Tensor, member_q: torch.Tensor, labels: torch.Tensor) -> None:
+        if not self.uses_evidence or len(labels) == 0:
+            return
+        cand = getattr(self, "_cand", None)
+        if cand is None or cand.dtype != member_q.dtype:
+            cand = self._cand = self.candidates.to(member_q).T.contiguous()  # (m, C)
+        mixed = torch.matmul(member_q.transpose(1, 2), cand)  # (n, V, C)
+        p = p.to(mixed)
+        if self.config.distance == "kl":
+            cross = torch.bmm(p[:, None, :], mixed.clamp_min_(KL_FLOOR).log_())[:, 0]  # (n, C)
+            errors = torch.xlogy(p, p).sum(-1, keepdim=True) - cross
+        else:
+            errors = 0.5 * (p[:, :, None] - mixed).abs().sum(1)
+        need_hits = self.config.labels == "hard" or self.config.policy == "adaboost"
+        ev = self.evidence
+        if ev.window is None:
+            ev.soft += errors.sum(0).to(torch.float64)
+            if need_hits:
+                ev.hits += (mixed.argmax(1) == labels[:, None]).sum(0).to(torch.float64)
+            ev.count += len(labels)
+        else:
+            hits = (mixed.argmax(1) == labels[:, None]).to(torch.float64) if need_hits else torch.zeros_like(
+                errors, dtype=torch.float64)
+            ev.add(errors, hits)
+
+
+def policy_micro(members: int, policy: PolicyConfig, vocab: int, n: int, repeats: int, budget_s: float = 3.0,
+                 cls: type = WeightPolicy) -> tuple[float, int]:
+    """Median seconds of ``WeightPolicy.observe`` (n positions) + ``weights()``, float32 inputs like the
+    engine's, and the number of timed calls (``repeats``, fewer when they exceed ``budget_s``; at least 3)."""
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(4 * torch.randn(n, vocab, generator=g), -1)  # (n, V) float32
     q = torch.softmax(4 * torch.randn(n, members, vocab, generator=g), -1)  # (n, m, V)
     labels = p.argmax(-1)
-    wp = WeightPolicy(members, policy, vocab_size=vocab)
+    wp = cls(members, policy, vocab_size=vocab)
     wp.weights()  # the first block of a turn: equal weights
-    times = []
-    for i in range(repeats + 3):
+    wp.observe(p, q, labels)  # warm-up
+    wp.weights()
+    times: list[float] = []
+    while len(times) < repeats and (len(times) < 3 or sum(times) < budget_s):
         t0 = time.perf_counter()
         wp.observe(p, q, labels)
         wp.weights()
-        dt = time.perf_counter() - t0
-        if i >= 3:
-            times.append(dt)
-    return statistics.median(times)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), len(times)
 
 
 # --------------------------------------------------------------------------- profile
 
 
+UPDATE_FUNCS = {"observe", "weights", "candidate_errors", "candidate_matches", "add", "best_candidate",
+                "softmax_weights"}  # mmspec_cli/ensemble.py functions on the per-block update path
+
+
 def profile_update(target, draft, captioner, images, args) -> None:
-    """cProfile one tabed:mtcp (grid) run: where the block's update time goes."""
-    prof = cProfile.Profile()
-    prof.enable()
-    run = run_engine(target, draft, "tabed:mtcp", PolicyConfig(policy="grid"), captioner, images, args)
-    prof.disable()
-    stats = pstats.Stats(prof)
-    total = stats.total_tt
-    n_blocks = len(run.blocks)
-    print(f"\n--- cProfile of one tabed:mtcp grid run ({len(run.ids)} tokens, {n_blocks} blocks, "
-          f"{1e3 * total:.0f} ms profiled) ---")
-    rows = [(ct, tt, nc, f"{_short(path)}:{line}({func})")
-            for (path, line, func), (cc, nc, tt, ct, callers) in stats.stats.items()]
-    print("  mmspec_cli functions by cumulative time (ms per block):")
-    for ct, tt, nc, where in sorted((r for r in rows if "mmspec_cli" in r[3]), reverse=True)[:16]:
-        print(f"    {100 * ct / total:5.1f}%  {1e3 * ct / n_blocks:7.3f} ms/block  {nc:6d} calls  {where}")
-    print("  torch calls made directly by mmspec_cli/ensemble.py (ms per block, own time):")
-    direct: dict[str, float] = {}
-    for (path, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
-        for (cpath, _, cfunc), cstats in callers.items():
-            if cpath.endswith("mmspec_cli/ensemble.py") and "mmspec_cli" not in path:
-                key = f"{func} (from {cfunc})"
-                direct[key] = direct.get(key, 0.0) + cstats[3]
-    for key, t in sorted(direct.items(), key=lambda kv: kv[1], reverse=True)[:12]:
-        print(f"    {1e3 * t / n_blocks:7.3f} ms/block  {key}")
+    """cProfile one run of tabed (grid) and of tabed:mtcp (grid): where each block's update time goes."""
+    for name in ("tabed", "tabed:mtcp"):
+        prof = cProfile.Profile()
+        prof.enable()
+        run = run_engine(target, draft, name, PolicyConfig(policy="grid"), captioner, images, args)
+        prof.disable()
+        stats = pstats.Stats(prof)
+        total = stats.total_tt
+        n_blocks = len(run.blocks)
+        print(f"\n--- cProfile of one {name} grid run, small draft ({len(run.ids)} tokens, {n_blocks} blocks, "
+              f"{1e3 * total:.0f} ms profiled) ---")
+        rows = [(ct, tt, nc, f"{_short(path)}:{line}({func})")
+                for (path, line, func), (cc, nc, tt, ct, callers) in stats.stats.items()]
+        print("  mmspec_cli functions by cumulative time (ms per block):")
+        for ct, tt, nc, where in sorted((r for r in rows if "mmspec_cli" in r[3]), reverse=True)[:14]:
+            print(f"    {100 * ct / total:5.1f}%  {1e3 * ct / n_blocks:7.3f} ms/block  {nc:6d} calls  {where}")
+        print("  the weight path: calls made directly by EnsembleDrafter.observe and by mmspec_cli/ensemble.py's "
+              "observe path (update_s), plus weights() (run at the start of each propose, so inside draft_s); "
+              "ms per block, cumulative; calls per block:")
+        direct: dict[str, list[float]] = {}
+        for (path, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+            if "mmspec_cli" in path:
+                continue
+            for (cpath, _, cfunc), cstats in callers.items():
+                from_update = cpath.endswith("mmspec_cli/ensemble.py") and cfunc in UPDATE_FUNCS
+                from_observe = cpath.endswith("drafters/ensemble.py") and cfunc == "observe"
+                if from_update or from_observe:
+                    entry = direct.setdefault(f"{func} (from {cfunc})", [0.0, 0])
+                    entry[0] += cstats[3]
+                    entry[1] += cstats[1]
+        for key, (t, calls) in sorted(direct.items(), key=lambda kv: kv[1][0], reverse=True)[:16]:
+            print(f"    {1e3 * t / n_blocks:7.3f} ms/block  {calls / n_blocks:5.1f}/block  {key}")
+        print(f"    ({sum(c for _, c in direct.values()) / n_blocks:.0f} such calls per block in all)")
 
 
 # --------------------------------------------------------------------------- main
@@ -413,6 +515,7 @@ def main(argv=None) -> int:
     print("== mmspec in-batch ensemble: extra rows and the TABED weight update ==")
     for line in machine_lines(args.threads):
         print(line)
+    load_at_start = "%.2f %.2f %.2f" % os.getloadavg()
     image_tokens = (args.image_size // 14) ** 2
     print(f"setup         float32 cpu; γ={args.gamma}; max_new_tokens={args.max_new_tokens}; greedy; 1 image "
           f"{args.image_size}px = {image_tokens} image tokens (p: {(args.image_size // 14 // args.pool) ** 2}); "
@@ -429,7 +532,8 @@ def main(argv=None) -> int:
             dp = text_params(d.model)
             print(f"draft {kind:6s}  {cfg.hidden_size} hidden x {cfg.num_hidden_layers} layers, {params(d.model):.2f}M params "
                   f"({dp:.2f}M language model = {100 * dp / tp:.1f}% of the target's)"
-                  + ("  TABED-like (≤ 1/10 of the target)" if dp <= tp / 10 else "  (perturbed copy of the target)"))
+                  + ("  random" if kind == "small" else "  perturbed copy of the target")
+                  + ("; TABED-like (≤ 1/10 of the target)" if dp <= tp / 10 else ""))
         captioners = {k: Captioner(d, max_new_tokens=args.caption_tokens) for k, d in drafts.items()}
         for k, c in captioners.items():
             print(f"caption       {k} draft captions the image as {c.caption(images[0])!r} ({1e3 * c.seconds:.0f} ms, once)")
@@ -442,8 +546,11 @@ def main(argv=None) -> int:
             steps[kind] = s
             print(f"\n[1. draft step, {kind} draft] row heads {s.head_lengths['4 rows m,t,c,p']} (m, t, c, p), "
                   f"{args.generated} generated tokens, longest row {s.cached} cached positions")
-            for v in VARIANTS:
-                print(f"  {v:16s} {1e3 * s.medians[v]:7.3f} ms   / 1 row m = {s.ratio(v):.3f}")
+            for v in s.medians:
+                print(f"  {v:18s} {1e3 * s.medians[v]:7.3f} ms   / 1 row m = {s.ratio(v):.3f}")
+            if s.diag_diff is not None:
+                print(f"  * diagnostic prototype (PreparedMaskRows), not the engine; max |logits diff| vs the engine's "
+                      f"4 rows: {s.diag_diff:.2e}")
 
         # 3. end to end (also the tabed update statistics of part 2)
         ref = reference_ids(target, images, args)
@@ -459,7 +566,7 @@ def main(argv=None) -> int:
                 print(f"  ms/token runs {n:5s} {['%.2f' % x for x in e.ms[n]]}  median {e.median(n):.2f}  "
                       f"(draft {e.split_ms[n][0]:.2f}, verify {e.split_ms[n][1]:.2f}, update {e.split_ms[n][2]:.3f}, "
                       f"other {e.split_ms[n][3]:.2f})")
-            print(f"  ratio tabed / m   {e.ratio:.3f}")
+            print(f"  ratio tabed / m   {e.ratio:.3f} (of medians); {e.paired:.3f} (median of per-repeat ratios)")
 
         # 2. weight update per block vs one draft step
         updates: dict[str, dict[str, UpdateStats]] = {}
@@ -468,7 +575,7 @@ def main(argv=None) -> int:
             updates[kind].update(engine_updates(target, d, captioners[kind], images, args, runs=max(1, args.repeats // 2)))
             print(f"\n[2. weight update vs one draft step, end to end, {kind} draft]")
             for label, u in updates[kind].items():
-                print(f"  {label:34s} {u.blocks:4d} blocks ({u.verified / u.blocks:.2f} verified positions/block): "
+                print(f"  {label:34s} τ {u.tau:.3f}, {u.blocks:4d} blocks ({u.verified / u.blocks:.2f} verified positions/block): "
                       f"update {u.update_ms:.3f} ms/block, draft step {u.step_ms:.3f} ms; update/step median "
                       f"{100 * u.median:.1f}%, of sums {100 * u.of_sums:.1f}%")
         micro = {}
@@ -476,8 +583,16 @@ def main(argv=None) -> int:
         for vocab in (target.vocab_size, LLAVA_VOCAB):
             for label, name, policy in UPDATE_CASES:
                 members = 2 if name == "tabed" else 4
-                micro[(label, vocab)] = policy_micro(members, policy, vocab, args.gamma, args.update_repeats)
-                print(f"  V={vocab:5d}  {label:34s} {1e3 * micro[(label, vocab)]:8.3f} ms")
+                micro[(label, vocab)], calls = policy_micro(members, policy, vocab, args.gamma, args.update_repeats)
+                line = f"  V={vocab:5d}  {label:34s} {1e3 * micro[(label, vocab)]:9.3f} ms  (median of {calls})"
+                if args.diagnostics:
+                    fast, fcalls = policy_micro(members, policy, vocab, args.gamma, args.update_repeats,
+                                                cls=VectorisedPolicy)
+                    micro[(label, vocab, "*")] = fast
+                    line += f"   VectorisedPolicy* {1e3 * fast:9.3f} ms (median of {fcalls})"
+                print(line)
+        if args.diagnostics:
+            print("  * diagnostic prototype of a suggested engine change, not the engine")
 
         if args.profile:
             profile_update(target, drafts["small"], captioners["small"], images, args)
@@ -485,8 +600,9 @@ def main(argv=None) -> int:
     verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     small_is_tabed_like = text_params(drafts["small"].model) <= tp / 10
     print("\n================ SUMMARY ================")
-    for line in machine_lines(args.threads):
+    for line in machine_lines(args.threads)[:4]:
         print(line)
+    print(f"load average  {load_at_start} (at start), {'%.2f %.2f %.2f' % os.getloadavg()} (at end)")
     print(f"γ={args.gamma}, max_new_tokens={args.max_new_tokens}, target {args.hidden}x{args.layers}, "
           f"{image_tokens} image tokens, float32; total {time.perf_counter() - started:.0f}s")
     print("1. one draft step, 4 rows (m,t,c,p) / 1 row (m), BatchedRows.logits, 1 new token:")
@@ -496,6 +612,8 @@ def main(argv=None) -> int:
         print(f"   {kind:5s} draft: {1e3 * s.medians['4 rows m,t,c,p']:.3f} / {1e3 * s.medians['1 row m']:.3f} ms = {r:.3f}"
               f"  (2 rows {s.ratio('2 rows m,t'):.3f}; plain m path {1e3 * s.medians['m (CachedModel)']:.3f} ms)  "
               + (f"≤{TARGET_ROWS_RATIO:.2f} {verdict(r <= TARGET_ROWS_RATIO)}"
+                 + (f" (4 rows / plain m path {s.medians['4 rows m,t,c,p'] / s.medians['m (CachedModel)']:.3f}"
+                    + (f"; 4-D mask* {s.ratio(DIAG_ROWS):.3f}" if DIAG_ROWS in s.medians else "") + ")")
                  + ("" if small_is_tabed_like else " (draft NOT ≤ 1/10 of the target)") if judged
                  else "(reported, not judged: draft as large as the target)"))
     print("2. TABED weight update per block / one draft step of the same drafter (end to end, median of blocks):")
@@ -503,11 +621,22 @@ def main(argv=None) -> int:
         for label, u in cases.items():
             print(f"   {kind:5s} draft, {label:34s} {100 * u.median:6.1f}%  (of sums {100 * u.of_sums:.1f}%; "
                   f"{u.update_ms:.3f} / {u.step_ms:.3f} ms)  ≤{100 * TARGET_UPDATE_RATIO:.0f}% {verdict(u.median <= TARGET_UPDATE_RATIO)}")
+    small = steps["small"].medians
+    width = {UPDATE_CASES[0][0]: "2 rows m,t", UPDATE_CASES[1][0]: "4 rows m,t,c,p", UPDATE_CASES[2][0]: "4 rows m,t,c,p"}
+    print(f"   policy alone (microbenchmark, n = γ = {args.gamma}, V={target.vocab_size}) / one small-draft step of the same "
+          f"width (part 1), reported:")
+    for label, variant in width.items():
+        ratio = micro[(label, target.vocab_size)] / small[variant]
+        extra = ""
+        if (label, target.vocab_size, "*") in micro:
+            extra = f"; VectorisedPolicy* {100 * micro[(label, target.vocab_size, '*')] / small[variant]:.1f}%"
+        print(f"   {label:34s} {100 * ratio:6.1f}%  ({1e3 * micro[(label, target.vocab_size)]:.3f} / "
+              f"{1e3 * small[variant]:.3f} ms{extra})")
     print("3. end to end, tabed (m,t grid) vs m:")
     for kind, e in e2e.items():
         lossless = e.same and all(e.ref_ok.values())
         print(f"   {kind:5s} draft: τ m {e.tau['m']:.3f}, tabed {e.tau['tabed']:.3f}; ms/token m {e.median('m'):.2f}, "
-              f"tabed {e.median('tabed'):.2f}, ratio {e.ratio:.3f} (reported); identical ids (to each other and to "
+              f"tabed {e.median('tabed'):.2f}, ratio {e.ratio:.3f} (paired {e.paired:.3f}; reported); identical ids (to each other and to "
               f"target.generate) {verdict(lossless)}")
     return 0
 

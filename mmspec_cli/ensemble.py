@@ -22,7 +22,7 @@ KL_FLOOR = 1e-10  # q_w is floored here inside log so that KL stays finite where
 
 def mixture(member_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """q_w = Σ_k w_k q_k. member_probs: (..., m, V); weights: (m,) -> (..., V)."""
-    return torch.einsum("...mv,m->...v", member_probs, weights.to(member_probs))
+    return torch.matmul(weights.to(member_probs), member_probs)
 
 
 def simplex_grid(members: int, steps: int) -> torch.Tensor:
@@ -34,23 +34,28 @@ def simplex_grid(members: int, steps: int) -> torch.Tensor:
     return torch.tensor(points, dtype=torch.float64) / steps
 
 
-def candidate_errors(p: torch.Tensor, member_q: torch.Tensor, candidates: torch.Tensor, distance: str) -> torch.Tensor:
-    """Soft-label error of each candidate mixture at each position.
+def candidate_mixtures(member_q: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Every candidate's mixture at every position: member_q (n, m, V), candidates (C, m) -> (n, C, V)."""
+    return torch.matmul(candidates.to(member_q), member_q)
 
-    p: (n, V) target distributions; member_q: (n, m, V); candidates: (C, m). Returns (n, C).
+
+def candidate_errors(p: torch.Tensor, mixed: torch.Tensor, distance: str) -> torch.Tensor:
+    """Soft-label error D(p, q_w) of each candidate mixture at each position.
+
+    p: (n, V) target distributions; mixed: (n, C, V) from :func:`candidate_mixtures`. Returns (n, C).
     """
-    mixed = torch.einsum("nmv,cm->ncv", member_q, candidates.to(member_q))  # (n, C, V)
     target = p.to(mixed)[:, None, :]  # (n, 1, V)
     if distance == "tvd":
         return 0.5 * (target - mixed).abs().sum(-1)
-    if distance == "kl":
-        return (torch.xlogy(target, target) - target * torch.log(mixed.clamp_min(KL_FLOOR))).sum(-1)
+    if distance == "kl":  # Σ p log p - Σ p log q_w: the second term as one batched product
+        entropy_term = torch.xlogy(target, target).sum(-1)  # (n, 1)
+        cross = torch.matmul(mixed.clamp_min(KL_FLOOR).log_(), p.to(mixed)[:, :, None]).squeeze(-1)  # (n, C)
+        return entropy_term - cross
     raise ValueError(f"unknown distance {distance!r}")
 
 
-def candidate_matches(member_q: torch.Tensor, candidates: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def candidate_matches(mixed: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Hard-label hits: whether argmax of each candidate mixture equals the kept token. (n, C) float."""
-    mixed = torch.einsum("nmv,cm->ncv", member_q, candidates.to(member_q))  # (n, C, V)
     return (mixed.argmax(-1) == labels.to(mixed.device)[:, None]).to(torch.float64)
 
 
@@ -68,19 +73,25 @@ class Evidence:
         self.hits = torch.zeros(n_candidates, dtype=torch.float64)
         self.count = 0
 
-    def add(self, errors: torch.Tensor, hits: torch.Tensor) -> None:
-        """errors, hits: (n, C) for n newly verified positions."""
-        for e, h in zip(errors.detach().to("cpu", torch.float64), hits.detach().to("cpu", torch.float64)):
+    def add(self, errors: torch.Tensor, hits: torch.Tensor | None) -> None:
+        """errors, hits: (n, C) for n newly verified positions (hits None when no policy reads them)."""
+        errors = errors.detach().to("cpu", torch.float64)
+        hits = torch.zeros_like(errors) if hits is None else hits.detach().to("cpu", torch.float64)
+        if self.window is None:  # running sums: one addition per block
+            self.soft += errors.sum(0)
+            self.hits += hits.sum(0)
+            self.count += errors.shape[0]
+            return
+        for e, h in zip(errors, hits):
             self.soft += e
             self.hits += h
             self.count += 1
-            if self.window is not None:
-                self.rows.append((e, h))
-                if len(self.rows) > self.window:
-                    old_e, old_h = self.rows.pop(0)
-                    self.soft -= old_e
-                    self.hits -= old_h
-                    self.count -= 1
+            self.rows.append((e, h))
+            if len(self.rows) > self.window:
+                old_e, old_h = self.rows.pop(0)
+                self.soft -= old_e
+                self.hits -= old_h
+                self.count -= 1
 
 
 def best_candidate(soft: torch.Tensor, hits: torch.Tensor, labels: str) -> int:
@@ -181,6 +192,12 @@ class WeightPolicy:
         """Add n verified positions: p (n, V), member_q (n, m, V), labels (n,) the kept tokens."""
         if not self.uses_evidence or len(labels) == 0:
             return
-        errors = candidate_errors(p, member_q, self.candidates, self.config.distance)
-        hits = candidate_matches(member_q, self.candidates, labels)
+        mixed = candidate_mixtures(member_q, self.candidates)  # (n, C, V), built once
+        errors = candidate_errors(p, mixed, self.config.distance)
+        hits = candidate_matches(mixed, labels) if self.reads_hits else None
         self.evidence.add(errors, hits)
+
+    @property
+    def reads_hits(self) -> bool:
+        """Hard labels, or AdaBoost's error rates, need the argmax hits; soft labels do not."""
+        return self.config.labels == "hard" or self.config.policy == "adaboost"

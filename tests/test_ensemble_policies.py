@@ -10,6 +10,7 @@ from mmspec_cli.ensemble import (
     WeightPolicy,
     adaboost_weights,
     candidate_errors,
+    candidate_mixtures,
     mixture,
     random_simplex_point,
     simplex_grid,
@@ -90,8 +91,9 @@ def test_tvd_and_kl_rank_a_constructed_case_differently():
     p = t([[0.5, 0.5, 0.0]])
     members = t([[[1.0, 0.0, 0.0], [0.2, 0.2, 0.6]]])  # (n=1, m=2, V=3)
     one_hot = torch.eye(2, dtype=torch.float64)
-    tvd = candidate_errors(p, members, one_hot, "tvd")[0]
-    kl = candidate_errors(p, members, one_hot, "kl")[0]
+    mixed = candidate_mixtures(members, one_hot)
+    tvd = candidate_errors(p, mixed, "tvd")[0]
+    kl = candidate_errors(p, mixed, "kl")[0]
     assert tvd.tolist() == pytest.approx([0.5, 0.6])
     assert kl[1].item() == pytest.approx(math.log(2.5))
     assert int(tvd.argmin()) == 0 and int(kl.argmin()) == 1

@@ -88,6 +88,19 @@ def row_embeddings(model, row: Row, image_token_id: int | None) -> torch.Tensor:
     return embeds
 
 
+def additive_step_mask(mask: torch.Tensor, fresh: int, dtype: torch.dtype) -> torch.Tensor:
+    """The 4-D additive mask (B, 1, fresh, L) for the last ``fresh`` positions of a padded 2-D ``mask`` (B, L).
+
+    0 where a query may attend (a real key at or before it), the dtype's minimum elsewhere;
+    transformers passes a prepared 4-D mask to eager and sdpa attention as it is.
+    """
+    length = mask.shape[1]
+    queries = torch.arange(length - fresh, length, device=mask.device)[:, None]  # (fresh, 1)
+    causal = torch.arange(length, device=mask.device)[None, :] <= queries  # (fresh, L)
+    allowed = mask.bool()[:, None, None, :] & causal  # (B, 1, fresh, L)
+    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 class BatchedRows:
     """The KV cache of a batch of rows: left-padded heads, then shared tokens fed to all rows."""
 
@@ -143,7 +156,10 @@ class BatchedRows:
     def _forward(self, fresh: int, **inputs) -> torch.Tensor:
         """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V)."""
         positions = (self.mask.cumsum(1) - 1).clamp_min(0)[:, -fresh:]  # (B, fresh): each row counts its own tokens
-        out = self.model(attention_mask=self.mask, position_ids=positions, past_key_values=self.cache,
+        mask = self.mask
+        if self.shared and self.model.config._attn_implementation in ("sdpa", "eager"):
+            mask = additive_step_mask(self.mask, fresh, self.model.dtype)  # saves rebuilding it from 2-D each step
+        out = self.model(attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[:, -1]
 
