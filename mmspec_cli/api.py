@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from .captioner import Captioner
 from .drafters import build_drafter, parse_drafter
+from .drafters.registry import require_captioner
 from .engine import SpeculativeDecoder
 from .ensemble import PolicyConfig
-from .errors import InputError
 from .models import LoadedModel, check_compatible, load_model
 from .profiles import Profile, apply_overrides, load_profile
 from .sampling import SamplingParams
@@ -40,9 +40,7 @@ class ModelSet:
         """
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
-            if plan.needs_captioner and profile.captioner is None:
-                raise InputError(f"drafter '{plan.name}' uses caption drafting (c) but the profile has no captioner; "
-                                 f"add `captioner: {{model: ...}}` to the profile")
+            require_captioner(plan, profile.captioner is not None)
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         if any(p.needs_draft for p in plans) and profile.draft is not None:
             models.draft = load_model(profile.draft, "draft")

@@ -62,7 +62,7 @@ class TurnResult:
     token_ids: list[int]
     stats: RunStats
     blocks: list[BlockVerified] = field(default_factory=list)
-    caption_s: float = 0.0  # time spent captioning this turn's images (caption drafting), apart from decoding
+    caption_s: float = 0.0  # time spent captioning this turn's images (caption drafting); not in stats.wall_s
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,7 @@ class SpeculativeDecoder:
         generated: list[int] = []
         blocks: list[BlockVerified] = []
         drafted = accepted_total = 0
+        paused = 0.0
         finished = False
         while not finished and len(generated) < self.max_new_tokens:
             gamma = min(self.gamma, self.max_new_tokens - len(generated) - 1)
@@ -188,12 +189,16 @@ class SpeculativeDecoder:
                 tokens=new_tokens, draft_s=t1 - t0, verify_s=t2 - t1, update_s=t3 - t2, weights=draft.weights,
             )
             blocks.append(block)
+            handed_over = time.perf_counter()
             yield block
+            paused += time.perf_counter() - handed_over  # the consumer's time (rendering) is not decoding
+        caption_s = self.drafter.caption_seconds - captioning_before
+        wall_s = time.perf_counter() - start - paused - caption_s
         stats = RunStats(new_tokens=len(generated), blocks=len(blocks), drafted=drafted,
-                         accepted=accepted_total, wall_s=time.perf_counter() - start)
+                         accepted=accepted_total, wall_s=wall_s)
         text_out = self.target.tokenizer.decode(generated, skip_special_tokens=True).strip()
         return TurnResult(question=question, text=text_out, token_ids=generated, stats=stats, blocks=blocks,
-                          caption_s=self.drafter.caption_seconds - captioning_before)
+                          caption_s=caption_s)
 
     def _begin_turn(self, text: str, images: Sequence[Any], prompt) -> None:
         """Hand the drafter the new prompt. When its start is slow (captioning) and ``overlap_prefill``

@@ -30,6 +30,7 @@ import torch
 
 from .engine import cut_after_eos, eos_ids
 from .models import LoadedModel
+from .runner import to_model
 
 ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
@@ -82,21 +83,13 @@ def assistant_settings(draft_model: Any, gamma: int) -> Iterator[None]:
             setattr(config, name, value)
 
 
-def _to_model(value: Any, model: torch.nn.Module) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    if value.is_floating_point():
-        return value.to(device=model.device, dtype=model.dtype)
-    return value.to(model.device)
-
-
 @torch.inference_mode()
 def assisted_generate(target: LoadedModel, draft: LoadedModel, images: Sequence[Any], prompt: str, gamma: int,
                       max_new_tokens: int) -> AssistedResult:
     """Greedy assisted generation of one turn whose prompt text is ``prompt`` (one placeholder per image)."""
     start = time.perf_counter()
     batch = target.processor(images=list(images) or None, text=prompt, return_tensors="pt")
-    inputs = {k: _to_model(v, target.model) for k, v in batch.items()}
+    inputs = {k: to_model(v, target.model) for k, v in batch.items()}
     prompt_length = inputs["input_ids"].shape[1]
     with assistant_settings(draft.model, gamma), ForwardCounter(target.model) as t, ForwardCounter(draft.model) as d:
         out = target.model.generate(

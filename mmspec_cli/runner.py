@@ -19,18 +19,23 @@ from .errors import MmspecError
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences."""
+    """Length of the longest common prefix of two id sequences.
+
+    One extends the other in the common case (a C-speed list compare); after a rejected
+    draft the first difference is near the end, so the search walks back from there.
+    """
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the common case: one extends the other (C-speed list compare)
+    if a[:n] == b[:n]:
         return n
-    lo, hi = 0, n  # binary search on the first difference
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    start, step = n, 16
+    while start > 0:
+        start = max(0, n - step)
+        if a[:start] == b[:start]:
+            break
+        step *= 8
+    while a[start] == b[start]:  # start < n, and a difference lies before n
+        start += 1
+    return start
 
 
 def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Tensor] | None) -> bool:
@@ -85,8 +90,11 @@ class CachedModel:
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
         reuse = common_prefix_length(self.ids, ids)
-        if reuse and images_end and not same_tensors(self.vision, vision):
-            reuse = 0  # same placeholder ids, other images: the cached image positions are stale
+        if reuse and images_end:
+            if not same_tensors(self.vision, vision):
+                reuse = 0  # same placeholder ids, other images: the cached image positions are stale
+            else:
+                self.vision = dict(vision or {})  # the same images: identity checks succeed from now on
         reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
         if reuse < images_end:
             self.reset()
@@ -110,7 +118,7 @@ class CachedModel:
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=max(wanted, 1),  # 0 would mean "all positions" to transformers
-                **{k: _to_model(v, self.model) for k, v in images.items()},
+                **{k: to_model(v, self.model) for k, v in images.items()},
             )
         except torch.cuda.OutOfMemoryError as exc:
             raise MmspecError(
@@ -122,15 +130,12 @@ class CachedModel:
 
 def _placeholders_end(ids: Sequence[int], image_token_id: int | None) -> int:
     """One past the last image placeholder in ``ids`` (0 when there is none)."""
-    if image_token_id is None:
+    if image_token_id is None or image_token_id not in ids:
         return 0
-    for i in range(len(ids) - 1, -1, -1):
-        if ids[i] == image_token_id:
-            return i + 1
-    return 0
+    return len(ids) - list(reversed(ids)).index(image_token_id)
 
 
-def _to_model(value: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+def to_model(value: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         return value
     if value.is_floating_point():

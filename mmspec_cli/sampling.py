@@ -27,7 +27,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def _working_dtype(logits: torch.Tensor) -> torch.dtype:
+def working_dtype(logits: torch.Tensor) -> torch.dtype:
     # half-precision softmax loses the small probabilities the residual rule depends on
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
@@ -40,7 +40,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     if params.greedy:
         raise ValueError("probabilities() needs temperature > 0; greedy decoding uses argmax")
-    scaled = logits.to(_working_dtype(logits)) / params.temperature  # (..., V)
+    scaled = logits.to(working_dtype(logits)) / params.temperature  # (..., V)
     if params.top_k is not None and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # (..., 1)
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

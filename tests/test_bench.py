@@ -39,7 +39,7 @@ MAX_NEW = 6
 DRAFTERS = "ar,m,t"
 RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
                "acceptance_rate", "wall_s", "tokens_per_s", "drafted", "accepted", "prompt_tokens", "gamma",
-               "temperature", "max_new_tokens", "prompt_style"}
+               "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed", "ensemble"}
 SAMPLES = [
     {"id": "s0", "images": ["img0.png"], "turns": ["what is in the image?", "and then?"], "category": "llava-w"},
     {"id": "s1", "images": ["img1.png", "img0.png"], "turns": ["what changed between the two images?", "why?"],
@@ -453,7 +453,8 @@ BAD_ARGS = {
     "shard negative": (["M", "--shard", "-1/2"], "--shard: expected 0 <= i < n"),
     "shard auto without env": (["M", "--shard", "auto"], "RANK and WORLD_SIZE"),
     "unknown drafter": (["M", "--drafters", "ar,zz"], "drafter 'zz'"),
-    "repeated drafter": (["M", "--drafters", "ar,m,ar"], "names 'ar' twice"),
+    "repeated drafter": (["M", "--drafters", "ar,m,ar"], "names 'ar' more than once"),
+    "shards sharing one file": (["M", "--shard", "1/2", "--out", "ROOT/r.jsonl"], "put {rank} in the name"),
     "unwritable out": (["M", "--out", "/nonexistent-dir/results.jsonl"], "--out /nonexistent-dir/results.jsonl can't be written"),
     "out is a directory": (["M", "--out", "ROOT"], "is a directory"),
     "bad format": (["M", "--format", "xml"], "--format: expected one of table, json, csv"),
@@ -486,10 +487,14 @@ def test_bad_manifests_are_one_line_with_the_line_number(files, no_model_loading
 
 def test_results_file_keeps_only_complete_lines(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\n{"id": "b", "tu')
+    complete = '{"id": "a", "turn": 0, "drafter": "ar", "token_ids": [1], "new_tokens": 1, "blocks": 1, "wall_s": 0.1}'
+    path.write_text(complete + '\n{"id": "b", "tu')
     assert [r["id"] for r in records_mod.read_records([path])] == ["a"]
-    path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\nnot json\n')
+    path.write_text(complete + '\nnot json\n')
     with pytest.raises(InputError, match="line 2 is not valid JSON"):
+        records_mod.read_records([path])
+    path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\n')  # a record without its numbers: one line, no KeyError
+    with pytest.raises(InputError, match="line 1 lacks token_ids, new_tokens, blocks, wall_s"):
         records_mod.read_records([path])
 
 

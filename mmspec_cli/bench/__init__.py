@@ -12,3 +12,5 @@ One module per job:
 - :mod:`.summary`: pure functions from records to the summary numbers;
 - :mod:`.report`: the summary as a rich table, JSON or CSV.
 """
+
+HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation, run as a peer row (:mod:`mmspec_cli.hf_assisted`)

@@ -5,7 +5,7 @@ A record::
     {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks",
      "block_efficiency", "acceptance_rate", "wall_s", "tokens_per_s",
      "drafted", "accepted", "prompt_tokens", "gamma", "temperature", "max_new_tokens", "prompt_style",
-     "members"?, "weights"?}
+     "target", "draft", "top_p", "top_k", "seed", "ensemble", "members"?, "weights"?, "caption_s"?}
 
 ``weights`` (one list per block, in ``members`` order) appear for ensemble drafters. A
 sample that failed is ``{"id", "category", "drafter", "error"}``. The extra keys make the
@@ -33,7 +33,9 @@ from .samples import Sample
 if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module before it needs torch
     from ..engine import TurnResult
 
-SETTINGS = ("gamma", "temperature", "max_new_tokens", "prompt_style")
+SETTINGS = ("gamma", "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed",
+            "ensemble")
+REQUIRED = ("turn", "token_ids", "new_tokens", "blocks", "wall_s")  # in every record that is not an error
 
 Record = dict[str, Any]
 
@@ -53,8 +55,11 @@ def turn_record(sample: Sample, turn: int, drafter: str, token_ids: Sequence[int
 
 def engine_record(sample: Sample, turn: int, drafter: str, result: "TurnResult", prompt_tokens: int | None,
                   settings: dict[str, Any], members: Sequence[str] = ()) -> Record:
-    return turn_record(sample, turn, drafter, result.token_ids, result.text, result.stats, prompt_tokens, settings,
-                       members, [b.weights for b in result.blocks] if members else None)
+    record = turn_record(sample, turn, drafter, result.token_ids, result.text, result.stats, prompt_tokens, settings,
+                         members, [b.weights for b in result.blocks] if members else None)
+    if result.caption_s:
+        record["caption_s"] = result.caption_s  # captioning time, not in wall_s
+    return record
 
 
 def error_record(sample: Sample, drafter: str, message: str) -> Record:
@@ -82,6 +87,9 @@ def parse_lines(data: bytes, name: str) -> tuple[list[Record], int]:
                              f"is it an mmspec bench results file?") from exc
         if not isinstance(record, dict) or "id" not in record or "drafter" not in record:
             raise InputError(f"{name} line {number} is not an mmspec bench record (no id/drafter)")
+        missing = [k for k in REQUIRED if k not in record] if "error" not in record else []
+        if missing:
+            raise InputError(f"{name} line {number} lacks {', '.join(missing)}; is it an mmspec bench results file?")
         records.append(record)
     return records, end
 

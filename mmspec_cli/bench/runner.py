@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import ModelSet
+from . import HF_ASSISTED
 from ..engine import SpeculativeDecoder, TurnFinished, TurnStarted
 from ..errors import MmspecError
 from ..hf_assisted import assisted_generate
@@ -31,7 +32,6 @@ from .prompts import continue_prompt, paper_prompt
 from .records import Record, ResultsFile, engine_record, error_record, turn_record
 from .samples import Sample, load_sample_images
 
-HF_ASSISTED = "hf-assisted"
 WARMUP_TOKENS = 8
 
 
@@ -43,11 +43,18 @@ class RunSettings:
     gamma: int
     max_new_tokens: int
     temperature: float
+    target: str = ""
+    draft: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    ensemble: str = ""  # the profile's ensemble/pooling settings, as JSON
 
     def record_fields(self) -> dict[str, Any]:
         """The settings each record carries (``--resume`` refuses a file made with others)."""
         return {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
-                "prompt_style": self.prompt_style}
+                "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble}
 
     def turns(self, sample: Sample) -> int:
         return min(len(sample.turns), self.max_turns or len(sample.turns))
@@ -167,12 +174,15 @@ class BenchRunner:
                                      members)
             return
         prompt, answer = None, ""
+        base_seed = decoder.seed
         for turn in range(n_turns):
             prompt = self._raw_prompt(sample, turn, prompt, answer, len(images))
+            decoder.seed = None if base_seed is None else base_seed + turn  # each turn its own random stream
             for record in self._records(decoder.stream(images, [], raw_prompt=prompt), drafter, sample, images,
                                         members, turn=turn):
                 answer = record["text"]
                 yield record
+        decoder.seed = base_seed
 
     def _records(self, events, drafter: str, sample: Sample, images: list, members: Sequence[str],
                  turn: int | None = None) -> Iterator[Record]:

@@ -8,16 +8,17 @@ failed or a drafter's greedy output differed from ``ar``'s; 0 otherwise.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from typing import Annotated
 
 import typer
 
+from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
-from mmspec_cli.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
 
-HF_ASSISTED = "hf-assisted"
 PROMPT_STYLES = ("default", "paper")
 EXIT_FAILED = 1
 
@@ -81,6 +82,9 @@ def bench(
     check_profile_fits(names, chosen)
     if shard == "auto":
         chosen = pin_local_device(chosen, os.environ)
+    if shard_ and shard_[1] > 1 and out and "{rank}" not in out:
+        raise InputError(f"--out {out}: shards run as separate processes must not share a file; put {{rank}} in "
+                         f"the name, e.g. --out results.{{rank}}.jsonl, and merge them with --summarize")
     out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
     raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup))
 
@@ -90,22 +94,14 @@ def bench(
 
 def parse_drafters(text: str) -> list[str]:
     """The comma list of --drafters, each name validated (``hf-assisted`` included); no repeats."""
-    from mmspec_cli.drafters.registry import parse_drafter
+    from mmspec_cli.drafters.registry import parse_drafter_list
 
-    names = [n.strip() for n in text.split(",")]
-    if not text.strip() or any(not n for n in names):
-        raise InputError(f"--drafters: expected a comma list such as ar,m,t,tabed, got '{text}'")
-    for name in names:
-        if name != HF_ASSISTED:
-            parse_drafter(name)
-        if names.count(name) > 1:
-            raise InputError(f"--drafters names '{name}' twice; name each drafter once")
-    return names
+    return parse_drafter_list(text, extra=(HF_ASSISTED,))
 
 
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
-    from mmspec_cli.drafters.registry import parse_drafter
+    from mmspec_cli.drafters.registry import parse_drafter, require_captioner
 
     for name in names:
         if name == HF_ASSISTED:
@@ -115,9 +111,7 @@ def check_profile_fits(names: list[str], profile: Profile) -> None:
         else:
             plan = parse_drafter(name, profile.ensemble.members)
             needs_draft = plan.needs_draft
-            if plan.needs_captioner and profile.captioner is None:
-                raise InputError(f"drafter '{name}' uses caption drafting (c) but the profile has no captioner; "
-                                 f"add `captioner: {{model: ...}}` to the profile")
+            require_captioner(plan, profile.captioner is not None)
         if needs_draft and profile.draft is None:
             raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
                              f"or use --drafters ar")
@@ -154,8 +148,12 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     from mmspec_cli.bench.sources import resolve
 
     decoding = profile.decoding
+    ensemble = json.dumps({"ensemble": profile_to_dict(profile)["ensemble"], "pooling": profile_to_dict(profile)["pooling"]},
+                          sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
-                           max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature)
+                           max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
+                           target=profile.target.model, draft=profile.draft.model if profile.draft else None,
+                           top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble)
     with ResultsFile.open(out, resume, settings.record_fields()) as results:
         samples = select(resolve(source, limit), limit, shard)
         pending = todo(samples, settings, results.done())

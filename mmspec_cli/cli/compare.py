@@ -71,18 +71,9 @@ def compare(
 
 def drafter_names(value: str, default_members: tuple[str, ...]) -> list[str]:
     """``"m, t,tabed"`` -> ``["m", "t", "tabed"]``, each name checked; one-line InputError otherwise."""
-    from mmspec_cli.drafters.registry import parse_drafter  # pulls in torch: import only when needed
+    from mmspec_cli.drafters.registry import parse_drafter_list  # pulls in torch: import only when needed
 
-    names = [part.strip() for part in value.split(",")]
-    if not any(names):
-        raise InputError("--drafters: no drafter given; pass e.g. --drafters m,t,mt,tabed")
-    for name in names:
-        if not name:
-            raise InputError(f"--drafters {value!r} has an empty name; separate names with single commas, e.g. m,t")
-        parse_drafter(name, default_members)
-        if names.count(name) > 1:
-            raise InputError(f"--drafters names '{name}' more than once; name each drafter once")
-    return names
+    return parse_drafter_list(value, default_members)
 
 
 # --------------------------------------------------------------------------- running

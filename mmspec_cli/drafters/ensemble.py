@@ -19,7 +19,7 @@ import torch
 from ..captioner import Captioner
 from ..ensemble import PolicyConfig, WeightPolicy, mixture
 from ..models import LoadedModel
-from ..sampling import TokenPicker
+from ..sampling import TokenPicker, working_dtype
 from ..verify import Verdict
 from .base import Draft, Drafter
 from .rows import BatchedRows
@@ -30,7 +30,7 @@ from .views import RowView
 def member_distributions(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
     """Per-row q_k (B, V): softmax(logits / T) shaped like the target's p; T = 1 when greedy."""
     if picker.greedy:
-        return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+        return torch.softmax(logits.to(working_dtype(logits)), dim=-1)
     return picker.distribution(logits)
 
 

@@ -20,11 +20,11 @@ from ..errors import InputError
 from ..models import LoadedModel
 from .base import Drafter, NoDrafter
 from .ensemble import EnsembleDrafter
+from .rows import llava_parts
 from .single import SingleModelDrafter, multimodal_view, text_only_view
 from .views import caption_row, multimodal_row, pooled_row, text_only_row
 
 LETTERS = "mtcp"
-DRAFTER_NAMES = ("ar", "m", "t", "c", "p", "mt", "mtc", "mtcp", "tabed", "tabed:mtcp")  # examples shown in help
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,26 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
-def check_drafter_name(name: str) -> str:
-    parse_drafter(name)
-    return name
+def parse_drafter_list(text: str, default_members: tuple[str, ...] = ("m", "t"), extra: tuple[str, ...] = ()) -> list[str]:
+    """``"ar, m,tabed"`` -> ["ar", "m", "tabed"]: each name checked (``extra`` names pass as they are), no repeats."""
+    names = [part.strip() for part in text.split(",")]
+    if not text.strip():
+        raise InputError("--drafters: no drafter given; pass e.g. --drafters ar,m,t,tabed")
+    for name in names:
+        if not name:
+            raise InputError(f"--drafters {text!r} has an empty name; separate names with single commas, e.g. m,t")
+        if name not in extra:
+            parse_drafter(name, default_members)
+        if names.count(name) > 1:
+            raise InputError(f"--drafters names '{name}' more than once; name each drafter once")
+    return names
+
+
+def require_captioner(plan: DrafterPlan, has_captioner: bool) -> None:
+    """Caption drafting needs the profile's captioner: one line naming the profile key otherwise."""
+    if plan.needs_captioner and not has_captioner:
+        raise InputError(f"drafter '{plan.name}' uses caption drafting (c) but the profile has no captioner; "
+                         f"add `captioner: {{model: ...}}` to the profile")
 
 
 def build_drafter(
@@ -90,12 +107,12 @@ def build_drafter(
         return NoDrafter()
     if draft is None:
         raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use --drafter ar")
-    if plan.needs_captioner and captioner is None:
-        raise InputError(f"drafter '{name}' uses caption drafting (c) but the profile has no captioner; "
-                         f"add `captioner: {{model: ...}}` to the profile")
+    require_captioner(plan, captioner is not None)
     if plan.members in (("m",), ("t",)):
         view = multimodal_view(draft) if plan.members == ("m",) else text_only_view(draft)
         return SingleModelDrafter(name, draft, view, target_vocab=target.vocab_size)
+    if {"m", "p"} & set(plan.members):
+        llava_parts(draft.model)  # batched image rows build LLaVA-1.5 inputs themselves: refuse other drafts now
     views = {
         "m": lambda: multimodal_row(draft),
         "t": lambda: text_only_row(draft),

@@ -42,7 +42,7 @@ def llava_parts(model):
     tower = getattr(inner, "vision_tower", None)
     projector = getattr(inner, "multi_modal_projector", None)
     layer = getattr(model.config, "vision_feature_layer", None)
-    if tower is None or projector is None or not isinstance(layer, int):
+    if model.config.model_type != "llava" or tower is None or projector is None or not isinstance(layer, int):
         raise ModelLoadError(
             f"batched ensemble and pooled drafting need a LLaVA-1.5-style draft (LlavaForConditionalGeneration, "
             f"one vision feature layer); got {type(model).__name__}; use a single drafter such as m or t"
