@@ -152,3 +152,22 @@ def test_a_reused_decoder_sees_the_new_image(tiny_models):
         ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
         assert decoder.generate([second], [QUESTION]).turns[0].token_ids == ref.tolist()
         assert decoder.generate([first], [QUESTION]).turns[0].token_ids != ref.tolist()
+
+
+def test_wall_time_does_not_count_the_consumers_time(tiny_models):
+    """A slow consumer of the event stream (a live display) must not lower the reported tokens/s."""
+    import time
+
+    from mmspec_cli.engine import TurnFinished
+
+    target = tiny_models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,
+                                 max_new_tokens=12)
+    start = time.perf_counter()
+    for event in decoder.stream(tiny.images(1), [QUESTION]):
+        time.sleep(0.05)
+        if isinstance(event, TurnFinished):
+            stats = event.result.stats
+    elapsed = time.perf_counter() - start
+    assert stats.blocks >= 3 and elapsed > 0.05 * stats.blocks
+    assert stats.wall_s < elapsed - 0.05 * stats.blocks + 0.01

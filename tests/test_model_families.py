@@ -223,3 +223,13 @@ def test_a_drafted_image_id_is_just_rejected(families, refs, image_token_draft, 
     turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
     assert turn.token_ids == refs[family, 1]
     assert turn.stats.accepted == 0
+
+
+def test_a_next_draft_is_refused_for_batched_image_rows(families):
+    """Batched m/p rows build LLaVA-1.5 inputs themselves: a LLaVA-NeXT draft is refused before decoding."""
+    from mmspec_cli.errors import ModelLoadError
+
+    target = families["next"]["target"]
+    with pytest.raises(ModelLoadError, match="LLaVA-1.5-style draft"):
+        build_drafter("mt", target, target)
+    assert build_drafter("t", target, target).name == "t"  # single text-only drafting works with any draft
