@@ -35,6 +35,8 @@ from mmspec_cli.hf_assisted import assisted_generate
 from mmspec_cli.models import resolve_device
 from mmspec_cli.prompts import render_prompt
 
+from .helpers import save_images, write_profile
+
 MAX_NEW = 6
 DRAFTERS = "ar,m,t"
 RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
@@ -61,16 +63,12 @@ def read_jsonl(path) -> list[dict]:
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("bench")
-    for i, image in enumerate(tiny.images(2)):
-        image.save(root / f"img{i}.png")
+    save_images(root, 2)
     (root / "corrupt.png").write_bytes(b"\x00not a png\xff" * 8)
-    spec = {"dtype": "float64", "device": "cpu"}
-    profile = {"target": {"model": tiny_dirs["target"], **spec}, "draft": {"model": tiny_dirs["perturbed"], **spec},
-               "decoding": {"max_new_tokens": MAX_NEW, "gamma": 3}}
-    (root / "tiny.yaml").write_text(yaml.safe_dump(profile))
     return {
         "root": root,
-        "profile": str(root / "tiny.yaml"),
+        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
+                                 max_new_tokens=MAX_NEW, gamma=3),
         "manifest": write_jsonl(root / "manifest.jsonl", SAMPLES),
         "with_corrupt": write_jsonl(root / "corrupt.jsonl", [
             {"id": "bad", "images": ["corrupt.png"], "turns": ["what?"], "category": "spot"}, SAMPLES[0]]),

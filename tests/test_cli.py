@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mmspec_cli import __version__, api, tiny
+from mmspec_cli import __version__, api
 from mmspec_cli.cli.app import app
 from mmspec_cli.display import (ACCEPTED, EMITTED, REJECTED, IncrementalText, LiveView, color_block,
                                 generation_json, summary_line)
 from mmspec_cli.engine import BlockVerified, Generation, TurnFinished, TurnResult, TurnStarted
 from mmspec_cli.images import load_images
 from mmspec_cli.metrics import RunStats
+
+from .helpers import save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 10
@@ -32,30 +33,21 @@ RAW_PROMPT = "USER: <image>\n<image>\nwhat is it? ASSISTANT:"
 runner = CliRunner()
 
 
-def write_profile(path: Path, target: str, draft: str) -> str:
-    spec = {"dtype": "float64", "device": "cpu"}
-    data = {"target": {"model": target, **spec}, "draft": {"model": draft, **spec},
-            "decoding": {"max_new_tokens": MAX_NEW}}
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
     """Two PNG images, a good profile, and a few broken inputs."""
     root = tmp_path_factory.mktemp("cli")
-    images = []
-    for i, image in enumerate(tiny.images(2)):
-        images.append(str(root / f"img{i}.png"))
-        image.save(images[-1])
+    images = save_images(root, 2)
     (root / "x.png").write_bytes(b"\x00not a png at all\xff" * 8)
     (root / "malformed.yaml").write_text("target: [unclosed\n")
     (root / "wrong_key.yaml").write_text(f"target: {{model: {tiny_dirs['target']}}}\ndecoding: {{gama: 3}}\n")
     return {
         "root": root,
         "images": images,
-        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"]),
-        "other_tokenizer": write_profile(root / "other.yaml", tiny_dirs["target"], tiny_dirs["other_tokenizer"]),
+        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
+                                 max_new_tokens=MAX_NEW),
+        "other_tokenizer": write_profile(root / "other.yaml", tiny_dirs["target"], tiny_dirs["other_tokenizer"],
+                                         max_new_tokens=MAX_NEW),
     }
 
 

@@ -7,14 +7,12 @@ perturbed copy as the draft, so drafts are partly rejected).
 import dataclasses
 import io
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mmspec_cli import api, tiny
+from mmspec_cli import api
 from mmspec_cli.cli import compare as compare_cli
 from mmspec_cli.cli.app import app
 from mmspec_cli.comparison import Divergence, ShareSpec, first_divergence, share_spec, sparkline, weight_share
@@ -22,6 +20,8 @@ from mmspec_cli.engine import BlockVerified, Generation, TurnResult
 from mmspec_cli.errors import InputError
 from mmspec_cli.metrics import RunStats
 from mmspec_cli.profiles import load_profile
+
+from .helpers import save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 12
@@ -129,22 +129,12 @@ def test_drafter_names_are_split_and_checked():
 # --------------------------------------------------------------------------- CLI
 
 
-def write_profile(path: Path, target: str, draft: str) -> str:
-    spec = {"dtype": "float64", "device": "cpu"}
-    data = {"target": {"model": target, **spec}, "draft": {"model": draft, **spec},
-            "decoding": {"max_new_tokens": MAX_NEW}}
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("compare")
-    images = []
-    for i, image in enumerate(tiny.images(2)):
-        images.append(str(root / f"img{i}.png"))
-        image.save(images[-1])
-    return {"images": images, "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"])}
+    images = save_images(root, 2)
+    profile = write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=MAX_NEW)
+    return {"images": images, "profile": profile}
 
 
 def invoke(files: dict, *args: str):

@@ -17,7 +17,6 @@ from typing import Annotated, Any
 import typer
 
 from mmspec_cli.comparison import Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline, weight_share
-from mmspec_cli.errors import InputError
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.prompts import check_questions
