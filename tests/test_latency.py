@@ -97,3 +97,17 @@ def test_bad_input_is_one_line_exit_2(profile_file, args, fragment):
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and fragment in lines[0]
+
+
+def test_plot_needs_matplotlib_or_draws_a_png(profile_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    png = tmp_path / "curves.png"
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--batch", "1",
+                                      "--seq", "8", "--gamma", "1", "--repeat", "1", "--plot", str(png), "--json"])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert result.exit_code == 2 and "--plot needs matplotlib" in result.stderr
+        assert not png.exists()
+    else:
+        assert result.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"

@@ -376,3 +376,37 @@ def test_profile_is_a_dataclass_with_expected_fields():
 
     assert [f.name for f in dataclasses.fields(Profile)] == ["name", "source", "target", "draft", "decoding", "drafter", "ensemble",
                                                         "captioner", "pooling"]
+
+
+@pytest.mark.parametrize("ensemble, fragment", [
+    ({"policy": "greedy"}, "ensemble.policy: expected one of grid, softmax, adaboost, random, static"),
+    ({"grid_steps": 0}, "ensemble.grid_steps: expected an integer >= 1, got 0"),
+    ({"tau": 0}, "ensemble.tau: expected a number > 0, got 0"),
+    ({"tau": -1.5}, "ensemble.tau: expected a number > 0"),
+    ({"window": 0}, 'ensemble.window: expected an integer >= 1 or "all", got 0'),
+    ({"window": "some"}, "ensemble.window"),
+    ({"members": ["m"]}, "ensemble.members: expected a list of at least two distinct letters"),
+    ({"members": ["m", "m"]}, "ensemble.members"),
+    ({"members": ["m", "x"]}, "ensemble.members"),
+    ({"distance": "l2"}, "ensemble.distance: expected one of kl, tvd"),
+    ({"labels": "fuzzy"}, "ensemble.labels: expected one of soft, hard"),
+])
+def test_bad_ensemble_settings_name_the_key(ensemble, fragment):
+    with pytest.raises(ProfileError) as info:
+        profile_from_dict({"target": {"model": "x"}, "ensemble": ensemble})
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ensemble_captioner_and_pooling_sections():
+    profile = profile_from_dict({"target": {"model": "x"},
+                                 "ensemble": {"members": ["m", "t", "p"], "policy": "softmax", "tau": 0.5, "window": 4},
+                                 "captioner": {"model": "cap", "prompt": "<CAPTION>", "max_new_tokens": 20},
+                                 "pooling": {"kernel": 3}})
+    assert profile.ensemble.members == ("m", "t", "p") and profile.ensemble.window == 4
+    assert profile.captioner.model == "cap" and profile.captioner.max_new_tokens == 20
+    assert profile.pooling.kernel == 3
+    assert profile_from_dict({"target": {"model": "x"}, "ensemble": {"window": "all"}}).ensemble.window is None
+    with pytest.raises(ProfileError, match="captioner.model: required key is missing"):
+        profile_from_dict({"target": {"model": "x"}, "captioner": {"prompt": "hi"}})
+    with pytest.raises(ProfileError, match="pooling.kernel: expected an integer between 1 and 16"):
+        profile_from_dict({"target": {"model": "x"}, "pooling": {"kernel": 0}})
