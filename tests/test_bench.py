@@ -444,7 +444,7 @@ def _bad_manifests(root: Path) -> dict:
 
 
 BAD_ARGS = {
-    "unknown suite": (["no-such-suite"], "neither an existing manifest file, nor a known suite (known suites: none yet)"),
+    "unknown suite": (["no-such-suite"], "neither an existing manifest file, nor a known suite (known suites: demo-all, demo-followup, demo-pair,"),
     "shard out of range": (["M", "--shard", "2/2"], "--shard: expected 0 <= i < n"),
     "shard not numbers": (["M", "--shard", "a/b"], "--shard: expected integers"),
     "shard no slash": (["M", "--shard", "1"], "--shard: expected i/n"),
@@ -512,3 +512,18 @@ def test_pil_images_from_datasets_load(tmp_path):
 
     gray = Image.new("L", (8, 8))
     assert load_sample_images(Sample("x", "c", ("q",), (gray,)))[0].mode == "RGB"
+
+
+def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
+    from mmspec_cli.bench.sources import resolve
+
+    first, again = resolve("demo-story"), resolve("demo-story")
+    assert [s.id for s in first] == [s.id for s in again] and len(first) == 20
+    assert all(len(s.images) == 5 and s.category == "demo-story" for s in first)
+    assert first[0].images[0].tobytes() == again[0].images[0].tobytes()
+    assert len(resolve("demo-all")) == 80
+    result = bench(files, "demo-followup", "--drafters", "ar,m", "--limit", "1", "--format", "json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert {r["category"] for r in summary["rows"]} >= {"demo-followup"}
+

@@ -15,12 +15,26 @@ from ..errors import InputError
 from . import hub
 from .samples import Sample, read_manifest
 
-#: Built-in suites: name -> function building the samples. Empty for now; generated demo suites come later.
-SUITES: dict[str, Callable[[], list[Sample]]] = {}
+DEMO_IMAGE_SIZE = 192  # pixels; each model's processor resizes to what its vision tower takes
+DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
+
+
+def demo_suite(name: str) -> list[Sample]:
+    """A held-out synthetic suite (:mod:`mmspec_cli.demo`): its images rendered, its name as category."""
+    from ..demo import scenes, tasks
+
+    return [Sample(id=s.id, category=name, turns=tuple(s.questions),
+                   images=tuple(scenes.render(scene, DEMO_IMAGE_SIZE) for scene in s.images))
+            for s in tasks.suite(name)]
+
+
+#: Built-in suites: name -> function building the samples (TABED §4.1's input scenarios, generated).
+SUITES: dict[str, Callable[[], list[Sample]]] = {name: (lambda name=name: demo_suite(name)) for name in DEMO_SUITES}
+SUITES["demo-all"] = lambda: [sample for name in DEMO_SUITES for sample in demo_suite(name)]
 
 
 def _known_suites() -> str:
-    return ", ".join(sorted(SUITES)) if SUITES else "none yet"
+    return ", ".join(sorted(SUITES))
 
 
 def resolve(source: str, limit: int | None = None) -> list[Sample]:
