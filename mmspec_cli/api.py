@@ -43,7 +43,7 @@ class ModelSet:
             require_captioner(plan, profile.captioner is not None)
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         if any(p.needs_draft for p in plans) and profile.draft is not None:
-            models.draft = load_model(profile.draft, "draft")
+            models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
             check_compatible(models.target, models.draft)
         if any(p.needs_captioner for p in plans):
             spec = profile.captioner

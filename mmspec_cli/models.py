@@ -101,12 +101,15 @@ def _first_line(exc: Exception) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def load_model(spec: Any, role: str, multi_gpu_ok: bool = False) -> LoadedModel:
+def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_processor: Any = None) -> LoadedModel:
     """Load ``spec.model`` (hub id or directory) as an image-text-to-text model plus processor.
 
     ``spec`` carries model, dtype, device, quantization, trust_remote_code and revision
     (see ``profiles.ModelSpec``). With several GPUs and ``multi_gpu_ok`` the model is spread
-    with ``device_map="auto"`` (accelerate).
+    with ``device_map="auto"`` (accelerate). A model saved without processor files (tokenizer,
+    image processor) uses ``fallback_processor`` when one is given: a draft then shares the
+    target's, which is right when it was trained with the target's tokenizer and image
+    processing, as TABED's LLaVA-1.5 drafts were.
     """
     name = os.path.expanduser(spec.model)
     common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
@@ -133,7 +136,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False) -> LoadedModel:
         kwargs["device_map"] = "auto"
     try:
         model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
-        processor = AutoProcessor.from_pretrained(name, **common)
+        processor = _load_processor(name, common, role, spec.model, fallback_processor)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelLoadError(
             f"CUDA ran out of memory loading the {role} model '{spec.model}'; set {role}.quantization: 4bit or 8bit, "
@@ -148,6 +151,16 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False) -> LoadedModel:
         model = model.to(device)
     model.eval()
     return LoadedModel(role=role, name=spec.model, model=model, processor=processor)
+
+
+def _load_processor(name: str, common: dict, role: str, shown: str, fallback: Any) -> Any:
+    try:
+        return AutoProcessor.from_pretrained(name, **common)
+    except (OSError, ValueError, TypeError) as exc:
+        if fallback is not None:
+            return fallback
+        raise ModelLoadError(f"{role}.model: '{shown}' has no usable processor files (tokenizer and image processor: "
+                             f"{_first_line(exc)}); save its processor with save_pretrained next to the weights") from exc
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

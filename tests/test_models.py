@@ -80,3 +80,26 @@ def test_cuda_out_of_memory_names_the_model_and_suggests_a_fix(tiny_models, monk
     monkeypatch.setattr(tiny_models["target"].model, "forward", out_of_memory)
     with pytest.raises(MmspecError, match="out of memory in the target model; set target.quantization: 4bit"):
         runner.logits([1, 5, 6], keep=1)
+
+
+def test_a_draft_without_processor_files_shares_the_targets(tiny_dirs, tiny_models, tmp_path):
+    """Drafts are often saved as weights only; they then use the target's tokenizer and image processor."""
+    from mmspec_cli import tiny
+    from mmspec_cli.api import ModelSet
+    from mmspec_cli.prompts import render_prompt
+
+    tiny_models["perturbed"].model.save_pretrained(tmp_path / "weights_only")  # no tokenizer, no image processor
+    with pytest.raises(ModelLoadError, match="has no usable processor files"):
+        load_model(spec(tmp_path / "weights_only"), "draft")
+    profile = profile_from_dict({"target": {"model": tiny_dirs["target"], "dtype": "float64", "device": "cpu"},
+                                 "draft": {"model": str(tmp_path / "weights_only"), "dtype": "float64", "device": "cpu"},
+                                 "decoding": {"max_new_tokens": 12}})
+    models = ModelSet.load(profile, ["m", "mt"])
+    assert models.draft.processor is models.target.processor
+    target = models.target
+    text = render_prompt(target.processor, ["what is in the image?"], [], 1)
+    inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
+    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=12)[0, inputs["input_ids"].shape[1]:]
+    for name in ("m", "mt"):
+        turn = models.decoder(name).generate(tiny.images(1), ["what is in the image?"]).turns[0]
+        assert turn.token_ids == ref.tolist() and turn.stats.accepted > 0
