@@ -43,20 +43,22 @@ CORPUS = [
 ]
 
 
-def train_tokenizer(vocab_size: int = 400, corpus=CORPUS) -> PreTrainedTokenizerFast:
+def train_tokenizer(vocab_size: int = 400, corpus=CORPUS, repeat: int = 20) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(corpus) * 20, trainer)
+    tok.train_from_iterator(list(corpus) * repeat, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
 
 
-def make_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE) -> LlavaProcessor:
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+def make_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE, image_size: int = 28,
+                   patch_size: int = 14) -> LlavaProcessor:
+    image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                         crop_size={"height": image_size, "width": image_size})
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
                           vision_feature_select_strategy="default", num_additional_image_tokens=1,
                           chat_template=chat_template)
 
