@@ -137,7 +137,7 @@ def train(model, examples: Sequence[Example], steps: int, batch_size: int, lr: f
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         log(step, losses[-1])
     model.eval()
     return losses
