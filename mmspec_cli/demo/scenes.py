@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from PIL import Image, ImageDraw
 
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
+    "red": (215, 25, 35),
     "green": (20, 160, 50),
     "blue": (30, 70, 230),
-    "yellow": (245, 205, 0),
+    "yellow": (240, 220, 0),
     "purple": (140, 40, 180),
     "orange": (255, 125, 0),
 }
@@ -55,7 +55,8 @@ def position_name(cell: int) -> str:
 def neighbours(cell: int) -> list[int]:
     """Cells sharing an edge with ``cell`` (up, down, left, right), in increasing order."""
     r, c = divmod(cell, 3)
-    out = [(r + dr) * 3 + (c + dc) for dr, dc in ((-1, 0), (0, -1), (0, 1), (1, 0)) if 0 <= r + dr < 3 and 0 <= c + dc < 3]
+    out = [(r + dr) * 3 + (c + dc) for dr, dc in ((-1, 0), (0, -1), (0, 1), (1, 0))
+           if 0 <= r + dr < 3 and 0 <= c + dc < 3]
     return sorted(out)
 
 
@@ -258,7 +259,8 @@ def possible_changes(scene: Scene, avoid: Collection[int] = ()) -> list[str]:
     return kinds
 
 
-def change(scene: Scene, rng: random.Random, kind: str | None = None, avoid: Collection[int] = ()) -> tuple[Scene, Change]:
+def change(scene: Scene, rng: random.Random, kind: str | None = None,
+           avoid: Collection[int] = ()) -> tuple[Scene, Change]:
     """Apply one controlled change (moved, recoloured, removed, added or resized) to ``scene``.
 
     ``kind`` forces the change kind; otherwise one of those that apply is drawn. Shapes in the
@@ -369,7 +371,7 @@ def _move_caption(rng: random.Random, name: str, a: int, b: int) -> str:
 
 
 def make_story(rng: random.Random | int, theme: str | None = None) -> Story:
-    """A five-frame story: the protagonist walks across cells, meets a friend, changes colour, grows or gets a visitor."""
+    """Five frames: the protagonist walks across cells, then meets a friend, changes colour, grows or gets a visitor."""
     if not isinstance(rng, random.Random):
         rng = random.Random(rng)
     theme = theme or rng.choice(STORY_THEMES)

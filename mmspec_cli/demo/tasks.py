@@ -279,7 +279,8 @@ def _count_filter(scene: Scene, rng: random.Random, present: bool | None = None)
     return what, {"size": size}, f"{size} shape", f"{size} shapes"
 
 
-def count_question(scene: Scene, rng: random.Random, what: tuple[str, dict, str, str] | None = None) -> tuple[str, str, int]:
+def count_question(scene: Scene, rng: random.Random,
+                   what: tuple[str, dict, str, str] | None = None) -> tuple[str, str, int]:
     """(question, answer, count). The answer's only number word is the count."""
     what, filt, one, many = what or _count_filter(scene, rng)
     matches = scene.select(**filt)
@@ -314,7 +315,7 @@ def count_question(scene: Scene, rng: random.Random, what: tuple[str, dict, str,
                           f"Let me check the {prop} of every shape in the picture.",
                           f"I will go through the shapes from the top left to the bottom right and look at their {prop}.")))
         if k == 0:
-            t.add(f"None of the shapes is {'a ' + one if what == 'kind' else 'a ' + one.split()[0] + ' one'}.")
+            t.add(f"None of the shapes is {'a ' + one if what == 'kind' else one.split()[0]}.")
         elif rng.random() < 0.5:
             if k == 1:
                 t.add(f"The only {one} is {_at(matches[0])}.")
@@ -697,7 +698,8 @@ def story_sample(seed: int) -> Sample:
         v = story.friend
         core = rng.choice((f"{v.indefinite()} appears in the {v.position}, right next to {name}.",
                            f"a visitor arrives: {v.indefinite()} shows up in the {v.position} to meet {name}."))
-    t.add(rng.choice(("In frame 5, ", "In the last frame, ", "At the end of the story, ")) + core)
+    t.add(rng.choice(("In the fifth frame, ", "In the last frame, ", "At the end of the story, ", "To finish the story, ",
+                      "The story ends like this: ", "In the fifth picture, ")) + core)
     visited = list(dict.fromkeys(story.path))
     if len(visited) > 2:
         first, middle, last = POSITIONS[visited[0]], [POSITIONS[c] for c in visited[1:-1]], POSITIONS[visited[-1]]
@@ -711,7 +713,7 @@ def story_sample(seed: int) -> Sample:
                               f"{_cap(_join([_the_at(b) for b in still]))} "
                               f"{'does' if len(still) == 1 else 'do'} not move at all.")), 0.6)
     n5 = len(story.frames[4])
-    t.add(f"Frame 5 shows {number(n5)} {_shapes_word(n5)} in total.", 0.4)
+    t.add(f"The last frame shows {number(n5)} {_shapes_word(n5)} in total.", 0.4)
     endings = {
         "journey": ("This is the end of its journey across the picture.", "Its long walk is finally over."),
         "meeting": ("The two shapes are now side by side, and the story ends happily.",
