@@ -65,6 +65,7 @@ from transformers import DynamicCache
 from mmspec_cli import tiny
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.hf_assisted import assisted_generate
 from mmspec_cli.models import LoadedModel, load_model
 from mmspec_cli.profiles import ModelSpec
 from mmspec_cli.prompts import render_prompt
@@ -171,11 +172,6 @@ def build_models(root: Path, args) -> dict[str, tuple[LoadedModel, LoadedModel]]
     pairs = {}
     for kind in kinds:
         d = load_model(spec(paths[kind]), "draft")
-        # HF's AssistedCandidateGenerator reads these from the ASSISTANT's generation_config
-        # (candidate_generator.py), not from the kwargs of target.generate(); set both.
-        d.model.generation_config.num_assistant_tokens = args.gamma
-        d.model.generation_config.num_assistant_tokens_schedule = "constant"
-        d.model.generation_config.assistant_confidence_threshold = 0.0
         pairs[kind] = (targets["target" if kind == "image" else "blind_target"], d)
     return pairs
 
@@ -232,17 +228,11 @@ def run_mmspec(target, draft, images, args, meters=None) -> RunResult:
 
 
 def run_hf(target, draft, images, args) -> RunResult:
-    t0 = time.perf_counter()
+    """HF assisted generation as mmspec bench runs it (``mmspec_cli.hf_assisted``): γ set on the
+    assistant's own generation_config for the call; processor, generate and text decoding timed."""
     text = render_prompt(target.processor, [QUESTION], [], len(images))  # the same prompt text mmspec renders
-    inputs = target.processor(images=list(images), text=text, return_tensors="pt")
-    out = target.model.generate(
-        **inputs, do_sample=False, max_new_tokens=args.max_new_tokens, assistant_model=draft.model,
-        num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-    )
-    ids = out[0, inputs["input_ids"].shape[1]:].tolist()
-    target.tokenizer.decode(ids, skip_special_tokens=True).strip()  # mmspec decodes its text too
-    wall = time.perf_counter() - t0
-    return RunResult(ids=ids, wall_s=wall)
+    result = assisted_generate(target, draft, images, text, args.gamma, args.max_new_tokens)
+    return RunResult(ids=result.token_ids, wall_s=result.wall_s)
 
 
 def checked_run(fn, target, draft, *a) -> RunResult:

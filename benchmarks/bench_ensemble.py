@@ -57,7 +57,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import CLIPImageProcessor, LlavaForConditionalGeneration, LlavaProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_vs_hf import _short, machine_lines  # noqa: E402  (house helpers, shared not copied)
@@ -120,28 +119,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def make_processor(tokenizer, image_size: int) -> LlavaProcessor:
-    """``tiny.make_processor`` with a bigger image: (image_size / 14)² placeholder tokens per image."""
-    image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
-                                         crop_size={"height": image_size, "width": image_size})
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=tiny.CHAT_TEMPLATE)
-
-
-def make_model(vocab: int, seed: int, hidden: int, layers: int, image_size: int, sharpen: float = 4.0):
-    """``tiny.make_model`` with the vision tower sized for ``image_size`` (float64, random)."""
-    torch.manual_seed(seed)
-    config = tiny.make_config(vocab, hidden, layers)
-    config.vision_config.image_size = image_size
-    model = LlavaForConditionalGeneration(config).to(torch.float64)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(sharpen)
-    model.generation_config.eos_token_id = 2
-    model.generation_config.pad_token_id = 3
-    return model
-
-
 def params(model) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
@@ -154,11 +131,11 @@ def text_params(model) -> float:
 def build_models(root: Path, args) -> tuple[LoadedModel, dict[str, LoadedModel]]:
     """Target and ``{"small": ..., "large": ...}`` drafts, loaded through mmspec's loader (float32, cpu)."""
     tokenizer = tiny.train_tokenizer()
-    processor = make_processor(tokenizer, args.image_size)
+    processor = tiny.make_processor(tokenizer, image_size=args.image_size)
     vocab = len(tokenizer)
-    target = make_model(vocab, args.seed, args.hidden, args.layers, args.image_size)
+    target = tiny.make_model(vocab, args.seed, args.hidden, args.layers, image_size=args.image_size)
     drafts = {
-        "small": make_model(vocab, args.seed + 7, args.small_hidden, args.small_layers, args.image_size),
+        "small": tiny.make_model(vocab, args.seed + 7, args.small_hidden, args.small_layers, image_size=args.image_size),
         "large": tiny.perturbed_copy(target, args.draft_scale, seed=args.seed + 1),
     }
     spec = lambda path: ModelSpec(model=path, dtype="float32", device="cpu")  # noqa: E731

@@ -17,6 +17,7 @@ import torch
 
 from .models import LoadedModel
 from .prompts import process, render_prompt
+from .runner import to_model
 
 DEFAULT_PROMPT = "Describe the image in one sentence."
 _CACHE: dict[tuple[str, str, str], str] = {}  # (model, prompt, image hash) -> caption
@@ -62,8 +63,7 @@ class Captioner:
         else:  # a chat LVLM: the same prompt building as the target's
             prompt = process(processor, render_prompt(processor, [self.prompt], [], 1), [image])
             inputs = {"input_ids": torch.tensor([prompt.ids]), **prompt.vision}
-        inputs = {k: (v.to(model.device, model.dtype) if v.is_floating_point() else v.to(model.device))
-                  for k, v in dict(inputs).items()}
+        inputs = {k: to_model(v, model) for k, v in dict(inputs).items()}
         out = model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens)
         if "input_ids" in inputs and not model.config.is_encoder_decoder:
             out = out[:, inputs["input_ids"].shape[1]:]

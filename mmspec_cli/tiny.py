@@ -63,9 +63,9 @@ def make_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE, image_s
                           chat_template=chat_template)
 
 
-def make_config(vocab_size: int, hidden: int = 32, layers: int = 2) -> LlavaConfig:
+def make_config(vocab_size: int, hidden: int = 32, layers: int = 2, image_size: int = 28) -> LlavaConfig:
     vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=28, patch_size=14)
+                              image_size=image_size, patch_size=14)
     text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3)
@@ -73,10 +73,11 @@ def make_config(vocab_size: int, hidden: int = 32, layers: int = 2) -> LlavaConf
                        vision_feature_select_strategy="default", vision_feature_layer=-1)
 
 
-def make_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sharpen: float = 4.0):
+def make_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sharpen: float = 4.0,
+               image_size: int = 28):
     """A random float64 LLaVA; ``sharpen`` scales the LM head so argmaxes are far from ties."""
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(make_config(vocab_size, hidden, layers)).to(torch.float64)
+    model = LlavaForConditionalGeneration(make_config(vocab_size, hidden, layers, image_size)).to(torch.float64)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(sharpen)
     model.generation_config.eos_token_id = 2

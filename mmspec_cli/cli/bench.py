@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from mmspec_cli.cli.options import Gamma, MaxNewTokens, ProfileName, Seed, Temperature
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
@@ -28,7 +29,7 @@ def bench(
         "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
     drafters: Annotated[str, typer.Option(metavar="LIST", help=(
         "Comma list of drafters, e.g. ar,m,t,tabed; hf-assisted runs Hugging Face assisted generation."))] = "ar,m,t,tabed",
-    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    profile: ProfileName = None,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding).")] = None,
     turns: Annotated[int | None, typer.Option(metavar="N", help="Run at most N turns of each sample.")] = None,
     out: Annotated[str | None, typer.Option(metavar="FILE", help=(
@@ -43,10 +44,10 @@ def bench(
         "Only summarise results files (repeatable); no SOURCE, no models."))] = None,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
         "Run one short untimed turn per drafter before timing."))] = True,
-    gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
-    temperature: Annotated[float | None, typer.Option(metavar="X", help="0 for greedy decoding.")] = None,
-    seed: Annotated[int | None, typer.Option(metavar="N", help="Random seed for sampling.")] = None,
+    gamma: Gamma = None,
+    max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = None,
+    seed: Seed = None,
 ) -> None:
     """Benchmark drafters on many samples: block efficiency, acceptance, speed, per category.
 
@@ -148,8 +149,8 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     from mmspec_cli.bench.sources import resolve
 
     decoding = profile.decoding
-    ensemble = json.dumps({"ensemble": profile_to_dict(profile)["ensemble"], "pooling": profile_to_dict(profile)["pooling"]},
-                          sort_keys=True)
+    plain = profile_to_dict(profile)
+    ensemble = json.dumps({"ensemble": plain["ensemble"], "pooling": plain["pooling"]}, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,

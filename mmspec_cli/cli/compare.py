@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from mmspec_cli.cli.options import Gamma, Images, MaxNewTokens, ProfileName, Questions, Seed, TopK, TopP
 from mmspec_cli.comparison import Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline, weight_share
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
@@ -26,21 +27,18 @@ EXIT_DIFFERENT = 1  # greedy outputs differ: a lossless violation
 
 
 def compare(
-    images: Annotated[list[str] | None, typer.Argument(metavar="IMAGE", help="Image files, in prompt order.",
-                                                       show_default=False)] = None,
-    question: Annotated[list[str] | None, typer.Option("-q", "--question", metavar="TEXT",
-                                                       help="A question; repeat for a multi-turn conversation.",
-                                                       show_default=False)] = None,
+    images: Images = None,
+    question: Questions = None,
     drafters: Annotated[str, typer.Option(metavar="A,B,...", help=(
         "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed.")) ] = DEFAULT_DRAFTERS,
-    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
-    gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
+    profile: ProfileName = None,
+    gamma: Gamma = None,
+    max_new_tokens: MaxNewTokens = None,
     temperature: Annotated[float | None, typer.Option(metavar="X", help=(
         "0 for greedy decoding, where all outputs must be identical."))] = None,
-    top_p: Annotated[float | None, typer.Option(metavar="X", help="Nucleus sampling mass, in (0, 1].")] = None,
-    top_k: Annotated[int | None, typer.Option(metavar="N", help="Sample from the N likeliest tokens.")] = None,
-    seed: Annotated[int | None, typer.Option(metavar="N", help="Random seed for sampling.")] = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
+    seed: Seed = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
 ) -> None:
     """Run several drafters on the same images and questions and compare them side by side.

@@ -8,25 +8,23 @@ from typing import Annotated
 
 import typer
 
+from mmspec_cli.cli.options import Gamma, Images, MaxNewTokens, ProfileName, Questions, Seed, Temperature, TopK, TopP
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.prompts import check_questions
 
 
 def generate(
-    images: Annotated[list[str] | None, typer.Argument(metavar="IMAGE", help="Image files, in prompt order.",
-                                                       show_default=False)] = None,
-    question: Annotated[list[str] | None, typer.Option("-q", "--question", metavar="TEXT",
-                                                       help="A question; repeat for a multi-turn conversation.",
-                                                       show_default=False)] = None,
-    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    images: Images = None,
+    question: Questions = None,
+    profile: ProfileName = None,
     drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, mt, tabed, or ar (no drafting).")] = None,
-    gamma: Annotated[int | None, typer.Option(metavar="N", help="Draft tokens per block (1-64).")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate per turn, at most.")] = None,
-    temperature: Annotated[float | None, typer.Option(metavar="X", help="0 for greedy decoding.")] = None,
-    top_p: Annotated[float | None, typer.Option(metavar="X", help="Nucleus sampling mass, in (0, 1].")] = None,
-    top_k: Annotated[int | None, typer.Option(metavar="N", help="Sample from the N likeliest tokens.")] = None,
-    seed: Annotated[int | None, typer.Option(metavar="N", help="Random seed for sampling.")] = None,
+    gamma: Gamma = None,
+    max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
+    seed: Seed = None,
     raw_prompt: Annotated[str | None, typer.Option(metavar="TEXT", help=(
         "The whole prompt of one turn, bypassing the chat template; one <image> per image."))] = None,
     no_live: Annotated[bool, typer.Option("--no-live", help="Print plain text even on a terminal.")] = False,

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from mmspec_cli.cli.options import ProfileName
 from mmspec_cli.errors import InputError
 from mmspec_cli.profiles import load_profile
 
@@ -51,7 +52,7 @@ def tau_from_results(path: Path) -> dict[str, float]:
 
 
 def profile_latency(
-    profile: Annotated[str | None, typer.Option(metavar="NAME|PATH", help="Built-in profile name or YAML file.")] = None,
+    profile: ProfileName = None,
     batch: Annotated[str, typer.Option(metavar="B,...", help="Draft batch rows (ensemble members).")] = "1,2,3,4",
     seq: Annotated[str, typer.Option(metavar="S,...", help="Prefix lengths in tokens.")] = "512,1024,2048,3072",
     gamma: Annotated[str, typer.Option(metavar="G,...", help="Tokens verified per target call.")] = "1,3,5,7",

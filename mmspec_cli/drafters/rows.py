@@ -101,6 +101,11 @@ def additive_step_mask(mask: torch.Tensor, fresh: int, dtype: torch.dtype) -> to
     return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def _images(row: Row) -> dict[str, torch.Tensor]:
+    """A row's image tensors in the form ``runner.same_tensors`` compares (empty for text rows)."""
+    return {} if row.pixel_values is None else {"pixel_values": row.pixel_values}
+
+
 class BatchedRows:
     """The KV cache of a batch of rows: left-padded heads, then shared tokens fed to all rows."""
 
@@ -126,8 +131,7 @@ class BatchedRows:
         the same conversation), the cached heads are kept and those tokens become shared.
         Otherwise the batch is prefilled anew.
         """
-        same_images = all(same_tensors({"x": r.pixel_values} if r.pixel_values is not None else {}, old)
-                          for r, old in zip(rows, self.pixels))
+        same_images = all(same_tensors(_images(r), old) for r, old in zip(rows, self.pixels))
         if len(rows) == self.width and self.width and same_images:
             tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
             if len(tails) == self.width and all(t == tails[0] for t in tails) and self.image_token_id not in tails[0]:
@@ -147,7 +151,7 @@ class BatchedRows:
             mask[b, length - e.shape[0]:] = 1
         self.cache = DynamicCache(config=self.model.config)
         self.heads = [list(r.ids) for r in rows]
-        self.pixels = [{"x": r.pixel_values} if r.pixel_values is not None else {} for r in rows]
+        self.pixels = [_images(r) for r in rows]
         self.shared = []
         self.mask = mask
         self.head_logits = self._forward(length, inputs_embeds=batch)
