@@ -47,6 +47,41 @@ class LoadedModel:
         return self.model.get_output_embeddings().weight.shape[0]
 
 
+#: ``model: mmspec:NAME`` in a profile names a model shipped inside this package (the demo family).
+SHIPPED_PREFIX = "mmspec:"
+
+
+def shipped_models_dir() -> "os.PathLike[str]":
+    """Where the models trained by ``scripts/train_demo.py`` are shipped: ``mmspec_cli/shipped/``."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "shipped"
+
+
+def model_location(model: str) -> str:
+    """What ``from_pretrained`` is given for a profile's ``model``: ``mmspec:NAME`` becomes the shipped folder.
+
+    Everything else (hub ids, paths) passes through unchanged, so shipped, local and hub models
+    all load through the same ``from_pretrained`` calls.
+    """
+    if model.startswith(SHIPPED_PREFIX):
+        name = model[len(SHIPPED_PREFIX):]
+        path = shipped_models_dir() / name
+        if not name or not path.is_dir():
+            raise ModelLoadError(f"'{model}' is not a model shipped with mmspec (looked in {path}); "
+                                 f"shipped models: {', '.join(shipped_models()) or 'none'}")
+        return str(path)
+    return os.path.expanduser(model)
+
+
+def shipped_models() -> list[str]:
+    """``mmspec:NAME`` ids of the models shipped in the package, sorted."""
+    folder = shipped_models_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(f"{SHIPPED_PREFIX}{p.name}" for p in folder.iterdir() if (p / "config.json").is_file())
+
+
 def image_token_id(processor: Any, config: Any) -> int | None:
     """The id of the image placeholder token, from the config or the processor's tokenizer."""
     for attr in ("image_token_id", "image_token_index"):
@@ -111,7 +146,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     target's, which is right when it was trained with the target's tokenizer and image
     processing, as TABED's LLaVA-1.5 drafts were.
     """
-    name = os.path.expanduser(spec.model)
+    name = model_location(spec.model)
     common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
     try:
         config = AutoConfig.from_pretrained(name, **common)

@@ -27,9 +27,9 @@ import yaml
 
 from mmspec_cli.errors import ProfileError
 
-#: Profile used when ``--profile`` is not given. ``None`` until a built-in demo profile
-#: exists; set it to ``"demo"`` then.
-DEFAULT_PROFILE: str | None = None
+#: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
+#: which runs offline on a CPU. ``None`` would make ``--profile`` required.
+DEFAULT_PROFILE: str | None = "demo"
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
 

@@ -3,17 +3,21 @@ half-precision models load back through mmspec's loader and decode losslessly.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mmspec_cli.demo import tasks
-from mmspec_cli.demo.scenes import render
+from mmspec_cli.demo.scenes import COLOURS, KINDS, Scene, Shape, render
 from mmspec_cli.demo.train import (
     IGNORE,
     ModelSize,
     build_model,
     build_processor,
+    cell_labels,
     encode,
+    freeze_vision,
     language_model_parameters,
+    pretrain_vision,
     save_half,
     train,
 )
@@ -21,7 +25,7 @@ from mmspec_cli.drafters import build_drafter
 from mmspec_cli.engine import SpeculativeDecoder
 from mmspec_cli.models import load_model
 from mmspec_cli.profiles import ModelSpec
-from mmspec_cli.prompts import render_prompt
+from mmspec_cli.prompts import render_prompt, text_only_ids
 
 IMAGE, PATCH = 32, 8
 
@@ -71,3 +75,42 @@ def test_training_lowers_the_loss_and_the_saved_pair_decodes_losslessly(tmp_path
     out = SpeculativeDecoder(t, build_drafter("tabed", t, loaded["draft"]), gamma=3, max_new_tokens=16).generate(
         images, sample.questions[:1])
     assert out.turns[0].token_ids == ref
+
+
+def test_text_only_examples_are_what_the_text_drafter_sees():
+    samples = tasks.training_corpus(20, seed=2)
+    processor = build_processor(samples, vocab_size=400, image_size=IMAGE, patch_size=PATCH)
+    sample = next(s for s in samples if len(s.images) == 2)
+    (example,) = encode(processor, sample, IMAGE, text_only=True)[:1]
+    assert example.pixel_values is None
+    prompt = render_prompt(processor, sample.questions[:1], [], 2)
+    tokenizer = processor.tokenizer
+    expected_prompt = text_only_ids(tokenizer, prompt, tokenizer.convert_tokens_to_ids(processor.image_token), 2)
+    n = len(expected_prompt)
+    assert example.input_ids[:n] == expected_prompt and set(example.labels[:n]) == {IGNORE}
+    assert tokenizer.decode(example.input_ids[n:], skip_special_tokens=True).strip() == sample.answers[0]
+
+
+def test_cell_labels_give_every_patch_its_cell_and_shape():
+    shape = Shape("circle", "blue", "large", 5)
+    labels = cell_labels(Scene((shape,)), grid=6)  # 2x2 patches per cell
+    assert labels.shape == (36, 4)
+    cells = labels[:, 3].reshape(6, 6)
+    assert cells[0, 0] == 0 and cells[1, 1] == 0 and cells[2, 4] == 5 and cells[5, 5] == 8
+    inside = [(r * 6 + c) for r in (2, 3) for c in (4, 5)]
+    assert labels[inside, :3].tolist() == [[list(COLOURS).index("blue") + 1, KINDS.index("circle") + 1, 2]] * 4
+    assert int((labels[:, 0] > 0).sum()) == 4  # every other patch is empty
+    with pytest.raises(ValueError, match="multiple of 3"):
+        cell_labels(Scene(()), grid=4)
+
+
+def test_vision_pretraining_learns_what_and_where():
+    torch.set_num_threads(1)
+    processor = build_processor(tasks.training_corpus(10, seed=3), vocab_size=300, image_size=48, patch_size=16)
+    model = build_model(ModelSize(32, 1, 2, 64, 2), len(processor.tokenizer), 48, 16, seed=0)
+    accuracy = pretrain_vision(model, processor.image_processor, steps=80, batch_size=16, lr=3e-3, seed=0,
+                               render_size=48)
+    assert accuracy > 0.6  # of patches with colour, kind, size and cell all right (chance: far below 1%)
+    freeze_vision(model)
+    assert not any(p.requires_grad for p in model.model.vision_tower.parameters())
+    assert all(p.requires_grad for p in model.model.multi_modal_projector.parameters())

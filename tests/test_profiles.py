@@ -296,8 +296,13 @@ def test_unknown_name_lists_names():
         assert name in message
 
 
-def test_none_without_default_profile():
-    assert profiles.DEFAULT_PROFILE is None
+def test_none_is_the_shipped_demo_profile():
+    assert profiles.DEFAULT_PROFILE == "demo"
+    assert load_profile(None).name == "demo"
+
+
+def test_none_without_default_profile(monkeypatch):
+    monkeypatch.setattr(profiles, "DEFAULT_PROFILE", None)
     with pytest.raises(ProfileError) as info:
         load_profile(None)
     message = str(info.value)

@@ -15,7 +15,6 @@ from ..errors import InputError
 from . import hub
 from .samples import Sample, read_manifest
 
-DEMO_IMAGE_SIZE = 192  # pixels; each model's processor resizes to what its vision tower takes
 DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
 
 
@@ -24,7 +23,7 @@ def demo_suite(name: str) -> list[Sample]:
     from ..demo import scenes, tasks
 
     return [Sample(id=s.id, category=name, turns=tuple(s.questions),
-                   images=tuple(scenes.render(scene, DEMO_IMAGE_SIZE) for scene in s.images))
+                   images=tuple(scenes.render(scene, scenes.DISPLAY_SIZE) for scene in s.images))
             for s in tasks.suite(name)]
 
 

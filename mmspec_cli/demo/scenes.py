@@ -45,6 +45,7 @@ POSITIONS: tuple[str, ...] = (
 BACKGROUND = (255, 255, 255)
 MAX_SHAPES = 4
 _DIRECTIONS = {(-1, 0): "up", (1, 0): "down", (0, -1): "left", (0, 1): "right"}
+DISPLAY_SIZE = 192  # pixels: how suites, examples and training images are drawn (processors resize)
 _SUPERSAMPLE = 4  # draw at 4x and box-filter down: clean edges at 48 px
 
 

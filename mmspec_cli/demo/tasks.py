@@ -71,6 +71,7 @@ SUITE_SEEDS: dict[str, range] = {
     for i, name in enumerate(SUITE_FAMILIES)
 }
 QUALITY_SEEDS = range(HELDOUT_SEED_START + 4 * _STRIDE, HELDOUT_SEED_START + 5 * _STRIDE)
+EXAMPLE_SEED = HELDOUT_SEED_START + 5 * _STRIDE  # the images in examples/ (mmspec_cli.demo.examples)
 SUITES: tuple[str, ...] = (*SUITE_FAMILIES, "demo-all")
 DEFAULT_SUITE_SIZE = 20
 FAMILIES: tuple[str, ...] = ("single", "pair", "story", "followup", "caption")

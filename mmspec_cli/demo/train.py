@@ -20,8 +20,8 @@ import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
 from .. import tiny
-from ..prompts import render_prompt
-from .scenes import render
+from ..prompts import render_prompt, text_only_ids
+from .scenes import COLOURS, KINDS, SIZES, Scene, random_scene, render
 from .tasks import CAPTION_QUESTION, Sample
 
 IGNORE = -100  # label of positions that are not learned (prompt, padding)
@@ -84,20 +84,104 @@ def language_model_parameters(model) -> int:
     return sum(p.numel() for p in language.parameters()) + (0 if tied else head.numel())
 
 
-def encode(processor, sample: Sample, image_size: int) -> list[Example]:
-    """One example per turn: the engine's prompt for that turn, then the answer and EOS to learn."""
+def encode(processor, sample: Sample, image_size: int, text_only: bool = False) -> list[Example]:
+    """One example per turn: the engine's prompt for that turn, then the answer and EOS to learn.
+
+    ``text_only`` builds the prompt the text-only drafter ``t`` sees (each image one newline
+    token, TABED App. I.2) and no pixels: the draft's text pretraining, as in Gagrani et al.
+    """
     images = [render(scene, image_size) for scene in sample.images]
-    eos = processor.tokenizer.eos_token
+    tokenizer = processor.tokenizer
+    eos = tokenizer.eos_token
     questions, answers = sample.questions, sample.answers
     out = []
     for turn, answer in enumerate(answers):
         prompt = render_prompt(processor, questions[: turn + 1], answers[:turn], len(images))
+        if text_only:
+            image_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+            prompt_ids = text_only_ids(tokenizer, prompt, image_id, len(images))
+            ids = text_only_ids(tokenizer, f"{prompt} {answer}{eos}", image_id, len(images))
+            if ids[: len(prompt_ids)] != prompt_ids:
+                raise ValueError("the answer changed the prompt's tokenization")
+            out.append(Example(ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids):], None))
+            continue
         batch = processor(images=[images] if images else None, text=f"{prompt} {answer}{eos}", return_tensors="pt")
         prompt_len = len(processor(images=[images] if images else None, text=prompt)["input_ids"][0])
         ids = batch["input_ids"][0].tolist()
         labels = [IGNORE] * prompt_len + ids[prompt_len:]
         out.append(Example(ids, labels, batch.get("pixel_values")))
     return out
+
+
+# --- the vision tower's own pretraining (the stand-in for a pretrained CLIP) ----------------------
+
+def cell_labels(scene: Scene, grid: int) -> torch.Tensor:
+    """Per patch (row-major, ``grid`` x ``grid``): (colour, kind, size, cell) class ids, 0 meaning empty
+    for the first three; the cell (0-8) the patch lies in is always set.
+
+    ``grid`` must be a multiple of 3, so that every patch lies inside one cell of the scene.
+    """
+    if grid % 3:
+        raise ValueError(f"the patch grid ({grid}x{grid}) must be a multiple of 3 to map patches to cells")
+    labels = torch.zeros(grid * grid, 4, dtype=torch.long)
+    per_cell = grid // 3
+    for patch in range(grid * grid):
+        labels[patch, 3] = (patch // grid // per_cell) * 3 + (patch % grid) // per_cell
+    for shape in scene.shapes:
+        for dr in range(per_cell):
+            for dc in range(per_cell):
+                patch = (shape.row * per_cell + dr) * grid + shape.col * per_cell + dc
+                labels[patch, :3] = torch.tensor([list(COLOURS).index(shape.colour) + 1, KINDS.index(shape.kind) + 1,
+                                                  SIZES.index(shape.size) + 1])
+    return labels
+
+
+def pretrain_vision(model, image_processor, steps: int, batch_size: int, lr: float, seed: int, render_size: int,
+                    log: Callable[[int, float], None] = lambda step, loss: None) -> float:
+    """Teach the vision tower what is in each patch (colour, kind, size) and where it is (its cell).
+
+    Returns the share of patches with all four right in the last batch.
+
+    LLaVA starts from a pretrained CLIP; here the tower is tiny and trained from scratch with a
+    per-patch classification loss on random scenes, read at the layer the projector takes
+    (``vision_feature_layer``). The linear heads are thrown away afterwards.
+    """
+    tower = model.model.vision_tower
+    config = model.config.vision_config
+    with torch.no_grad():  # CLIP's default init (std 0.02) hides the position under the pixels: cells were not learnable
+        tower.embeddings.position_embedding.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(seed))
+    grid = config.image_size // config.patch_size
+    heads = torch.nn.ModuleList(torch.nn.Linear(config.hidden_size, n)
+                                for n in (len(COLOURS) + 1, len(KINDS) + 1, len(SIZES) + 1, 9))
+    params = [*tower.parameters(), *heads.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    rng = random.Random(f"mmspec-demo:vision:{seed}")
+    torch.manual_seed(seed)
+    tower.train()
+    accuracy = 0.0
+    for step in range(steps):
+        scenes = [random_scene(rng) for _ in range(batch_size)]
+        pixels = image_processor([render(s, render_size) for s in scenes], return_tensors="pt")["pixel_values"]
+        labels = torch.stack([cell_labels(s, grid) for s in scenes])  # (B, P, 4)
+        hidden = tower(pixels, output_hidden_states=True).hidden_states[model.config.vision_feature_layer][:, 1:]
+        logits = [head(hidden) for head in heads]  # 4 x (B, P, classes)
+        loss = sum(torch.nn.functional.cross_entropy(l.flatten(0, 1), labels[..., i].flatten())
+                   for i, l in enumerate(logits))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            right = torch.stack([l.argmax(-1) == labels[..., i] for i, l in enumerate(logits)], -1).all(-1)
+            accuracy = float(right.float().mean())
+        log(step, float(loss.detach()))
+    tower.eval()
+    return accuracy
+
+
+def freeze_vision(model) -> None:
+    """Keep the (pretrained) vision tower fixed while the projector and language model learn (LLaVA stage 2)."""
+    for p in model.model.vision_tower.parameters():
+        p.requires_grad_(False)
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict:
@@ -120,7 +204,8 @@ def train(model, examples: Sequence[Example], steps: int, batch_size: int, lr: f
     """AdamW with linear warm-up and cosine decay; returns the loss of every step."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -134,7 +219,7 @@ def train(model, examples: Sequence[Example], steps: int, batch_size: int, lr: f
         loss = model(**collate(batch, pad_id)).loss
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         schedule.step()
         losses.append(float(loss.detach()))

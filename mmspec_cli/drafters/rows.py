@@ -54,7 +54,9 @@ def image_features(model, pixel_values: torch.Tensor, pool: int = 1) -> torch.Te
     """Projected vision features (n_images, tokens, H), pooled with a ``pool``×``pool`` kernel.
 
     LLaVA's own path (vision tower, select layer and strategy, projector), with the pooling
-    inserted before the projector: 576 patch tokens (24×24) -> 144 with kernel 2.
+    inserted before the projector: 576 patch tokens (24×24) -> 144 with kernel 2. A side the
+    kernel does not divide keeps its edge: windows there average the patches they cover
+    (``ceil_mode``), so 3×3 -> 2×2 with kernel 2 and no patch is dropped.
     """
     tower, projector = llava_parts(model)
     config = model.config
@@ -66,13 +68,13 @@ def image_features(model, pixel_values: torch.Tensor, pool: int = 1) -> torch.Te
         n, patches, channels = hidden.shape
         side = math.isqrt(patches)
         grid = hidden.transpose(1, 2).reshape(n, channels, side, side)  # (n, C, s, s)
-        hidden = F.avg_pool2d(grid, kernel_size=pool).flatten(2).transpose(1, 2)  # (n, P/pool², C)
+        hidden = F.avg_pool2d(grid, kernel_size=pool, ceil_mode=True).flatten(2).transpose(1, 2)  # (n, P/pool², C)
     return projector(hidden)
 
 
 def pooled_token_count(tokens_per_image: int, pool: int) -> int:
     side = math.isqrt(tokens_per_image)
-    return (side // pool) ** 2
+    return (-(-side // pool)) ** 2  # ceil(side / pool) squared, as avg_pool2d(ceil_mode=True)
 
 
 def row_embeddings(model, row: Row, image_token_id: int | None) -> torch.Tensor:

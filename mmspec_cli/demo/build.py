@@ -1,0 +1,150 @@
+"""The whole demo build: tokenizer, vision pretraining, target, draft, saved for shipping (issue 5).
+
+``scripts/train_demo.py`` is the command-line front of :func:`build`. Every step is seeded,
+so the same plan on the same software gives the same weights. The draft doubles as the
+captioner of the ``c`` drafter (prompted with ``tasks.CAPTION_QUESTION``): it is trained on
+the caption family like every other family with at most two images.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import tasks
+from .scenes import DISPLAY_SIZE
+from .train import (
+    ModelSize,
+    build_model,
+    build_processor,
+    encode,
+    freeze_vision,
+    language_model_parameters,
+    pretrain_vision,
+    save_half,
+    train,
+)
+
+
+@dataclass(frozen=True)
+class Stage:
+    steps: int
+    batch_size: int
+    lr: float
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides the shipped weights. The defaults are what ships."""
+
+    corpus_size: int = 6000  # training samples, all families (tasks.TRAINING_WEIGHTS)
+    vocab_size: int = 1200
+    image_size: int = 48  # the processor's input size
+    patch_size: int = 16  # 3x3 patches: one per grid cell
+    render_size: int = DISPLAY_SIZE  # training images are drawn at the size the suites and examples use
+    target: ModelSize = ModelSize(hidden=144, layers=8, heads=4, vision_hidden=64, vision_layers=2)
+    draft: ModelSize = ModelSize(hidden=64, layers=2, heads=2, vision_hidden=64, vision_layers=2)
+    vision: Stage = Stage(steps=150, batch_size=32, lr=3e-3)
+    target_stage: Stage = Stage(steps=1900, batch_size=16, lr=2e-3)
+    draft_stage: Stage = Stage(steps=1500, batch_size=16, lr=3e-3)
+    draft_max_images: int = 2  # the draft sees only samples with at most this many images (TABED's drafts)
+    draft_text_only_share: float = 0.5  # extra text-only copies of the draft's samples (its "text pretraining")
+    seed: int = 0
+    threads: int = 1  # torch intra-op threads; results are reproducible for a fixed value
+
+
+@dataclass
+class BuildReport:
+    plan: dict
+    seconds: dict[str, float] = field(default_factory=dict)
+    final_loss: dict[str, float] = field(default_factory=dict)
+    vision_patch_accuracy: float = 0.0
+    language_model_parameters: dict[str, int] = field(default_factory=dict)
+    torch_version: str = torch.__version__
+
+
+def _mean_tail(losses: list[float], n: int = 50) -> float:
+    tail = losses[-n:]
+    return sum(tail) / max(1, len(tail))
+
+
+def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str], None] = print,
+          probe: Callable[[str, object, object], None] | None = None, probe_every: int = 400) -> BuildReport:
+    """Train the demo family and save ``out_dir/demo-target`` and ``out_dir/demo-draft`` (fp16 safetensors).
+
+    ``probe(name, model, processor)``, if given, is called every ``probe_every`` steps and at the
+    end of each stage to watch quality; it must not change the model (greedy decoding only).
+    """
+    torch.set_num_threads(plan.threads)
+    torch.use_deterministic_algorithms(True)
+    out = Path(out_dir)
+    report = BuildReport(plan=asdict(plan))
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.seconds[name] = round(now - clock, 1)
+        clock = now
+        log(f"{name}: {report.seconds[name]:.0f} s")
+
+    samples = tasks.training_corpus(plan.corpus_size, seed=plan.seed)
+    processor = build_processor(samples, plan.vocab_size, plan.image_size, plan.patch_size)
+    vocab = len(processor.tokenizer)
+    pad = processor.tokenizer.pad_token_id
+    lap("tokenizer")
+
+    target = build_model(plan.target, vocab, plan.image_size, plan.patch_size, seed=plan.seed)
+    vision = plan.vision
+    report.vision_patch_accuracy = pretrain_vision(
+        target, processor.image_processor, vision.steps, vision.batch_size, vision.lr, plan.seed, plan.render_size)
+    freeze_vision(target)
+    lap("vision")
+
+    draft = build_model(plan.draft, vocab, plan.image_size, plan.patch_size, seed=plan.seed + 1)
+    draft.model.vision_tower.load_state_dict(target.model.vision_tower.state_dict())  # one pretrained tower, as LLaVA drafts share CLIP
+    freeze_vision(draft)
+    report.language_model_parameters = {"target": language_model_parameters(target),
+                                         "draft": language_model_parameters(draft)}
+
+    examples = [e for s in samples for e in encode(processor, s, plan.render_size)]
+    small = [s for s in samples if len(s.images) <= plan.draft_max_images]
+    draft_examples = [e for s in small for e in encode(processor, s, plan.render_size)]
+    k = round(plan.draft_text_only_share * len(small))
+    draft_examples += [e for s in small[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
+    lap("encode")
+
+    def progress(name: str, steps: int, model):
+        def report_step(step: int, loss: float) -> None:
+            if step % 100 == 0:
+                log(f"{name} step {step}/{steps} loss {loss:.3f}")
+            if probe is not None and step and step % probe_every == 0:
+                model.eval()
+                probe(f"{name} step {step}", model, processor)
+                model.train()
+        return report_step
+
+    stage = plan.target_stage
+    losses = train(target, examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
+                   progress("target", stage.steps, target))
+    report.final_loss["target"] = round(_mean_tail(losses), 4)
+    lap("target")
+    if probe is not None:
+        probe("target final", target, processor)
+    stage = plan.draft_stage
+    losses = train(draft, draft_examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
+                   progress("draft", stage.steps, draft))
+    report.final_loss["draft"] = round(_mean_tail(losses), 4)
+    lap("draft")
+
+    save_half(target, processor, out / "demo-target")
+    save_half(draft, processor, out / "demo-draft")
+    lap("save")
+    report.seconds["total"] = round(sum(report.seconds.values()), 1)
+    (out / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    return report

@@ -1,0 +1,26 @@
+"""Answering held-out colour and count questions with a model, for the quality check (issue 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..prompts import render_prompt
+from .scenes import DISPLAY_SIZE, render
+from .tasks import QualityQuestion
+
+
+@torch.inference_mode()
+def answer_questions(model, processor, questions: Sequence[QualityQuestion], max_new_tokens: int = 160) -> list[str]:
+    """Greedy answers of ``model`` to each question about its scene (drawn at ``DISPLAY_SIZE``)."""
+    answers = []
+    for q in questions:
+        prompt = render_prompt(processor, [q.question], [], 1)
+        inputs = processor(images=[[render(q.scene, DISPLAY_SIZE)]], text=prompt, return_tensors="pt")
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        answers.append(processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return answers

@@ -1,0 +1,105 @@
+"""The shipped demo family (issue 5): it is the default, loads offline, answers well, and drafts losslessly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from mmspec_cli.cli.app import app
+from mmspec_cli.demo.examples import example_images
+from mmspec_cli.demo.quality import answer_questions
+from mmspec_cli.demo.tasks import answer_correct, quality_questions
+from mmspec_cli.demo.train import language_model_parameters
+from mmspec_cli.models import check_compatible, load_model, shipped_models, shipped_models_dir
+from mmspec_cli.profiles import load_profile
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """No hub: HF_HUB_OFFLINE on and an empty HF cache, for the whole module."""
+    import huggingface_hub.constants
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: set the constant
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("empty-hf-home")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def demo(offline):
+    profile = load_profile(None)
+    return profile, load_model(profile.target, "target"), load_model(profile.draft, "draft")
+
+
+def test_the_default_profile_is_the_shipped_demo(demo):
+    profile, target, draft = demo
+    assert profile.name == "demo"
+    assert profile.target.model == "mmspec:demo-target" and profile.draft.model == "mmspec:demo-draft"
+    assert profile.captioner is not None and profile.captioner.model == "mmspec:demo-draft"
+    assert shipped_models() == ["mmspec:demo-draft", "mmspec:demo-target"]
+
+
+def test_shipped_models_load_offline_and_fit_the_issue_limits(demo):
+    _, target, draft = demo
+    check_compatible(target, draft)  # one shared tokenizer
+    for loaded in (target, draft):
+        assert type(loaded.model).__name__ == "LlavaForConditionalGeneration"
+        assert loaded.model.config.vision_config.model_type == "clip_vision_model"
+    assert language_model_parameters(draft.model) * 10 <= language_model_parameters(target.model)
+    files = [p for p in shipped_models_dir().rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 30 * 2**20
+    for name in ("demo-target", "demo-draft"):
+        with safe_open(str(shipped_models_dir() / name / "model.safetensors"), "pt") as weights:
+            assert {weights.get_tensor(k).dtype for k in weights.keys()} == {torch.float16}
+
+
+def test_quality_on_100_held_out_colour_and_count_questions(demo):
+    _, target, _ = demo
+    questions = quality_questions(100)
+    answers = answer_questions(target.model, target.processor, questions)
+    right = [answer_correct(a, q.expected) for a, q in zip(answers, questions)]
+    kinds = {"colour": right[0::2], "count": right[1::2]}
+    print({k: f"{sum(v)}/{len(v)}" for k, v in kinds.items()})
+    assert sum(right) >= 80, f"{sum(right)}/100 right; e.g. {questions[right.index(False)].question!r} -> " \
+                             f"{answers[right.index(False)]!r}"
+
+
+def test_examples_are_what_the_generator_draws():
+    images = example_images()
+    assert sorted(p.name for p in EXAMPLES.glob("*.png")) == sorted(images)
+    for name, image in images.items():
+        on_disk = Image.open(EXAMPLES / name).convert("RGB")
+        assert on_disk.size == image.size and on_disk.tobytes() == image.tobytes(), name
+
+
+def test_generate_with_no_profile_runs_on_the_examples_and_matches_ar(offline):
+    image = str(EXAMPLES / "shapes.png")
+    question = "Describe the image."
+    runs = {}
+    for drafter in ("ar", "tabed"):
+        result = runner.invoke(app, ["generate", image, "-q", question, "--drafter", drafter, "--json"])
+        assert result.exit_code == 0, result.stderr
+        runs[drafter] = json.loads(result.stdout)
+    tabed, ar = runs["tabed"]["turns"][0], runs["ar"]["turns"][0]
+    assert tabed["token_ids"] == ar["token_ids"]  # lossless at temperature 0
+    assert "shape" in tabed["text"].lower()
+    assert tabed["stats"]["block_efficiency"] > 1.5  # the demo draft is a real drafter, not a babbler
+
+
+def test_generate_with_no_profile_on_the_story_frames(offline):
+    frames = [str(EXAMPLES / f"story-{i}.png") for i in range(1, 6)]
+    result = runner.invoke(app, ["generate", *frames, "-q", "What happens in frame 5?", "--drafter", "t",
+                                 "--max-new-tokens", "24", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["turns"][0]["stats"]["new_tokens"] == 24
