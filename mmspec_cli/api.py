@@ -62,6 +62,7 @@ class ModelSet:
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
             seed=decoding.seed,
+            gamma_schedule=decoding.gamma_schedule,
         )
 
 

@@ -7,7 +7,8 @@ One block (gpt-fast style, see DESIGN.md):
   3. the verification rule (``verify.py``) accepts a prefix and adds the target's own token;
   4. the block is reported as a :class:`BlockVerified` event.
 The target cache is rolled back with ``Cache.crop`` on the next call (``runner.py``), so the
-whole prefix is never re-run. γ is cut to ``max_new_tokens - generated - 1`` so that
+whole prefix is never re-run. γ comes from the draft-length schedule (``schedules.py``:
+constant, heuristic or FastVLM Eq. 5) and is cut to ``max_new_tokens - generated - 1`` so that
 ``max_new_tokens`` is exact; an EOS inside a block ends the turn at that token.
 """
 
@@ -27,6 +28,7 @@ from .models import LoadedModel
 from .prompts import ModelPrompt, check_questions, check_raw_prompt, process, render_prompt
 from .runner import CachedModel
 from .sampling import SamplingParams, TokenPicker
+from .schedules import GammaSchedule, check_schedule
 from .verify import Verdict, verify_greedy, verify_sampling
 
 
@@ -95,6 +97,13 @@ def eos_ids(target: LoadedModel) -> set[int]:
     return {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
 
 
+def max_sequence_length(config: Any, default: int = 4096) -> int:
+    """The model's maximum sequence length (N of FastVLM Eq. 5), from its text config."""
+    text = getattr(config, "text_config", None) or config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
 def cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
     for i, token in enumerate(tokens):
         if token in eos:
@@ -118,10 +127,12 @@ class SpeculativeDecoder:
         sampling: SamplingParams = SamplingParams(),
         seed: int | None = None,
         overlap_prefill: bool | None = None,
+        gamma_schedule: str = "constant",
     ):
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
+        self.gamma_schedule = check_schedule(gamma_schedule)
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.seed = seed
@@ -168,8 +179,10 @@ class SpeculativeDecoder:
         drafted = accepted_total = 0
         paused = 0.0
         finished = False
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, max_sequence_length(self.target.model.config))
         while not finished and len(generated) < self.max_new_tokens:
-            gamma = min(self.gamma, self.max_new_tokens - len(generated) - 1)
+            scheduled = schedule.length(len(prompt.ids) + len(generated))
+            gamma = min(scheduled, self.max_new_tokens - len(generated) - 1)
             t0 = time.perf_counter()
             draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
             t1 = time.perf_counter()
@@ -177,6 +190,7 @@ class SpeculativeDecoder:
             t2 = time.perf_counter()
             if len(draft):
                 self.drafter.observe(target_logits, draft, verdict, picker)
+            schedule.update(len(draft), verdict.accepted)
             t3 = time.perf_counter()
             new_tokens, finished = cut_after_eos(draft.tokens[: verdict.accepted] + [verdict.next_token], self.eos)
             kept_drafts = min(verdict.accepted, len(new_tokens))

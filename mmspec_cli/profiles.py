@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from mmspec_cli.errors import ProfileError
+from mmspec_cli.schedules import SCHEDULES
 
 #: Profile used when ``--profile`` is not given. ``None`` until a built-in demo profile
 #: exists; set it to ``"demo"`` then.
@@ -229,6 +230,7 @@ class DecodingSpec:
     top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
     top_k: int | None = _key(_optional(_integer(1)), None)
     seed: int | None = _key(_optional(_integer(0)), None)
+    gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
 
 
 MEMBER_LETTERS = ("m", "t", "c", "p")
@@ -399,6 +401,7 @@ OVERRIDES: dict[str, str | None] = {
     "top_p": "decoding",
     "top_k": "decoding",
     "seed": "decoding",
+    "gamma_schedule": "decoding",
     "drafter": None,
 }
 

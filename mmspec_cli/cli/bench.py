@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import Gamma, MaxNewTokens, ProfileName, Seed, Temperature
+from mmspec_cli.cli.options import Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, Temperature
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
@@ -45,6 +45,7 @@ def bench(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
         "Run one short untimed turn per drafter before timing."))] = True,
     gamma: Gamma = None,
+    gamma_schedule: GammaScheduleName = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     seed: Seed = None,
@@ -78,7 +79,8 @@ def bench(
     from mmspec_cli.bench.samples import parse_shard
 
     shard_ = parse_shard(shard)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, max_new_tokens=max_new_tokens,
+    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule,
+                             max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed)
     check_profile_fits(names, chosen)
     if shard == "auto":
@@ -150,7 +152,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
     decoding = profile.decoding
     plain = profile_to_dict(profile)
-    ensemble = json.dumps({"ensemble": plain["ensemble"], "pooling": plain["pooling"]}, sort_keys=True)
+    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
+    if decoding.gamma_schedule != "constant":  # only when set, so files made before the schedules stay resumable
+        drafting["gamma_schedule"] = decoding.gamma_schedule
+    ensemble = json.dumps(drafting, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,
