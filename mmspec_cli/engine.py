@@ -137,6 +137,7 @@ class SpeculativeDecoder:
         self.sampling = sampling
         self.seed = seed
         self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
+        drafter.bind_target(self.runner)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
         self.overlap_prefill = target.model.device.type == "cuda" if overlap_prefill is None else overlap_prefill

@@ -286,6 +286,13 @@ class PoolingSpec:
 
 
 @dataclass(frozen=True)
+class SsdSpec:
+    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft."""
+
+    layer: int | None = _key(_optional(_integer(1)), None)  # in [1, L-1]; checked against the model when it loads
+
+
+@dataclass(frozen=True)
 class Profile:
     """A validated profile. ``name``/``source`` say where it came from; the rest are keys."""
 
@@ -298,6 +305,7 @@ class Profile:
     ensemble: EnsembleSpec = _key(_section(EnsembleSpec), factory=EnsembleSpec)
     captioner: CaptionerSpec | None = _key(_section(CaptionerSpec, optional=True), None)
     pooling: PoolingSpec = _key(_section(PoolingSpec), factory=PoolingSpec)
+    ssd: SsdSpec = _key(_section(SsdSpec), factory=SsdSpec)
 
 
 # --------------------------------------------------------------------------- public API
@@ -393,7 +401,8 @@ def load_profile(name_or_path: str | None) -> Profile:
         raise ProfileError(f"{exc} (in profile {path})") from None
 
 
-#: Flat CLI override name -> section it belongs to (``None``: top level of the profile).
+#: Flat CLI override name -> section it belongs to (``None``: top level of the profile), or
+#: ``"section.key"`` when the key's name differs from the override's.
 OVERRIDES: dict[str, str | None] = {
     "gamma": "decoding",
     "max_new_tokens": "decoding",
@@ -403,6 +412,7 @@ OVERRIDES: dict[str, str | None] = {
     "seed": "decoding",
     "gamma_schedule": "decoding",
     "drafter": None,
+    "ssd_layer": "ssd.layer",
 }
 
 
@@ -423,10 +433,11 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     for name, value in overrides.items():
         if value is None:
             continue
-        section = OVERRIDES[name]
+        section, _, key = (OVERRIDES[name] or "").partition(".")
+        section, key = section or None, key or name
         owner = Profile if section is None else type(getattr(profile, section))
-        check = next(f for f in _keys(owner) if f.name == name).metadata["check"]
-        changes.setdefault(section, {})[name] = check(value, _flag(name))
+        check = next(f for f in _keys(owner) if f.name == key).metadata["check"]
+        changes.setdefault(section, {})[key] = check(value, _flag(name))
     top = changes.pop(None, {})
     for section, values in changes.items():
         top[section] = dataclasses.replace(getattr(profile, section), **values)

@@ -76,6 +76,11 @@ class CachedModel:
         self.ids = []
         self.vision = {}
 
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (a self-speculative drafter then extends them)."""
+        crop_to(self.cache, length)
+        self.ids = self.ids[:length]
+
     @torch.inference_mode()
     def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None,
                prompt_len: int | None = None) -> torch.Tensor:

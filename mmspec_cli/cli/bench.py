@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, Temperature
+from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, SsdLayer,
+                                    Temperature)
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
@@ -46,6 +47,7 @@ def bench(
         "Run one short untimed turn per drafter before timing."))] = True,
     gamma: Gamma = None,
     gamma_schedule: GammaScheduleName = None,
+    ssd_layer: SsdLayer = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     seed: Seed = None,
@@ -79,7 +81,7 @@ def bench(
     from mmspec_cli.bench.samples import parse_shard
 
     shard_ = parse_shard(shard)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule,
+    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
                              max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed)
     check_profile_fits(names, chosen)
@@ -105,6 +107,7 @@ def parse_drafters(text: str) -> list[str]:
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
     from mmspec_cli.drafters.registry import parse_drafter, require_captioner
+    from mmspec_cli.drafters.ssd import require_layer
 
     for name in names:
         if name == HF_ASSISTED:
@@ -115,6 +118,8 @@ def check_profile_fits(names: list[str], profile: Profile) -> None:
             plan = parse_drafter(name, profile.ensemble.members)
             needs_draft = plan.needs_draft
             require_captioner(plan, profile.captioner is not None)
+            if plan.self_speculative:
+                require_layer(profile.ssd.layer)
         if needs_draft and profile.draft is None:
             raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
                              f"or use --drafters ar")
@@ -153,8 +158,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     decoding = profile.decoding
     plain = profile_to_dict(profile)
     drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
-    if decoding.gamma_schedule != "constant":  # only when set, so files made before the schedules stay resumable
+    if decoding.gamma_schedule != "constant":  # only when used, so older files stay resumable
         drafting["gamma_schedule"] = decoding.gamma_schedule
+    if "ssd" in names:
+        drafting["ssd"] = plain["ssd"]
     ensemble = json.dumps(drafting, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,

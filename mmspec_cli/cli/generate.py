@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
-                                    Temperature, TopK, TopP)
+                                    SsdLayer, Temperature, TopK, TopP)
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.prompts import check_questions
@@ -22,6 +22,7 @@ def generate(
     drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, mt, tabed, or ar (no drafting).")] = None,
     gamma: Gamma = None,
     gamma_schedule: GammaScheduleName = None,
+    ssd_layer: SsdLayer = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     top_p: TopP = None,
@@ -40,6 +41,7 @@ def generate(
     questions = question or []
     check_questions(questions, raw_prompt)
     chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, gamma_schedule=gamma_schedule,
+                             ssd_layer=ssd_layer,
                              max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)

@@ -23,3 +23,5 @@ Seed = Annotated[int | None, typer.Option("--seed", metavar="N", help="Random se
 GammaScheduleName = Annotated[str | None, typer.Option("--gamma-schedule", metavar="constant|heuristic|fastvlm", help=(
     "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
     "fastvlm (FastVLM Eq. 5, grows with the context from γ)."))]
+SsdLayer = Annotated[int | None, typer.Option("--ssd-layer", metavar="N", help=(
+    "ssd: draft with the target's first N decoder layers (see `mmspec select-layer`)."))]

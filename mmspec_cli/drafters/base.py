@@ -51,6 +51,9 @@ class Drafter(ABC):
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
 
+    def bind_target(self, runner: Any) -> None:
+        """Receive the engine's target :class:`~mmspec_cli.runner.CachedModel`; ``ssd`` drafts over its cache."""
+
     def slow_start(self, images: Sequence[Any]) -> bool:
         """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""
         return False
