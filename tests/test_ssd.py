@@ -63,8 +63,9 @@ def early_exit_greedy(target, layer, ids, vision, steps):
     for _ in range(steps):
         with torch.no_grad():
             out = target.model(input_ids=torch.tensor([ids + tokens]), output_hidden_states=True, **vision)
-        decoder = target.model.get_decoder()
-        logits = target.model.get_output_embeddings()(decoder.norm(out.hidden_states[layer][0, -1]))
+        hidden = out.hidden_states[layer][0, -1]  # transformers gives the last layer's output already normed
+        hidden = target.model.get_decoder().norm(hidden) if layer < len(out.hidden_states) - 1 else hidden
+        logits = target.model.get_output_embeddings()(hidden)
         tokens.append(int(logits.argmax()))
     return tokens
 
