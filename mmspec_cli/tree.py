@@ -1,0 +1,98 @@
+"""Token trees in a KV cache: which earlier tokens each new token may see, where it sits, and what is kept.
+
+A block's tree is fed after a cached prefix of ``base`` positions, possibly over several
+forward calls (the draft adds one level per step). Each tree node has a parent: another
+node, or -1 for a node hanging directly off the prefix. A node attends to the whole prefix
+and to its ancestors (itself included), and its position id is ``base + depth`` (depth 0
+for a child of the prefix), so each branch computes exactly what it would compute alone
+(SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024). The mask is handed to the model as
+a prepared 4-D additive mask, which transformers passes to eager and sdpa attention as it
+is; no transformers code is patched.
+
+Nodes are cached in the order they were fed. After verification only the accepted path is
+kept: :func:`keep_positions` moves those entries to follow the prefix and crops the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache
+
+from .runner import crop_to
+
+
+@dataclass
+class Tree:
+    """The nodes fed so far after a prefix of ``base`` cached positions."""
+
+    base: int
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+
+    def add(self, parents: Sequence[int]) -> list[int]:
+        """Append nodes with these parents (indices of earlier nodes, or -1); returns their indices."""
+        first = len(self.parents)
+        for parent in parents:
+            if not -1 <= parent < len(self.parents):
+                raise ValueError(f"parent {parent} is not an earlier node")
+            self.parents.append(parent)
+            self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        return list(range(first, len(self.parents)))
+
+    def ancestors(self, node: int) -> list[int]:
+        """``node`` and its ancestors, root first."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def visible(self, nodes: Sequence[int]) -> torch.Tensor:
+        """(len(nodes), len(self.parents)) bool: which fed nodes each of ``nodes`` may attend to."""
+        allowed = torch.zeros(len(nodes), len(self.parents), dtype=torch.bool)
+        for row, node in enumerate(nodes):
+            allowed[row, self.ancestors(node)] = True
+        return allowed
+
+    def positions(self, nodes: Sequence[int]) -> list[int]:
+        """Position ids of ``nodes``: the prefix length plus their depth."""
+        return [self.base + self.depths[n] for n in nodes]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``allowed``, the dtype's minimum elsewhere (transformers' convention for 4-D masks)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def tree_mask(tree: Tree, nodes: Sequence[int], dtype: torch.dtype, device, prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """The additive mask (B, 1, len(nodes), base + fed nodes) for feeding ``nodes`` (the last ones added).
+
+    ``prefix`` (B, base) bool says which prefix positions each row may see (left padding of
+    batched rows); None means all of them, one row.
+    """
+    if prefix is None:
+        prefix = torch.ones(1, tree.base, dtype=torch.bool)
+    prefix = prefix.to("cpu", torch.bool)
+    rows = prefix.shape[0]
+    seen = tree.visible(nodes)  # (n, fed)
+    allowed = torch.cat([prefix[:, None, :].expand(rows, len(nodes), tree.base),
+                         seen[None].expand(rows, -1, -1)], dim=-1)  # (B, n, base + fed)
+    return additive_mask(allowed[:, None].to(device), dtype)
+
+
+def keep_positions(cache: Cache, start: int, positions: Sequence[int]) -> None:
+    """Keep cache positions [0, start) followed by ``positions`` (ascending, all >= start); drop the rest.
+
+    Only the accepted path of a tree stays. The moved entries are copied into place (their
+    values are unchanged), then the cache is cropped with ``Cache.crop``.
+    """
+    positions = list(positions)
+    if positions and positions != list(range(start, start + len(positions))):
+        for layer in cache.layers:
+            index = torch.tensor(positions, device=layer.keys.device)
+            layer.keys[..., start:start + len(positions), :] = layer.keys.index_select(-2, index)
+            layer.values[..., start:start + len(positions), :] = layer.values.index_select(-2, index)
+    crop_to(cache, start + len(positions))
