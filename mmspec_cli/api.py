@@ -69,6 +69,7 @@ class ModelSet:
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
             seed=decoding.seed,
             gamma_schedule=decoding.gamma_schedule,
+            tree_width=decoding.tree_width,
         )
 
 

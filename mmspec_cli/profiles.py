@@ -231,6 +231,7 @@ class DecodingSpec:
     top_k: int | None = _key(_optional(_integer(1)), None)
     seed: int | None = _key(_optional(_integer(0)), None)
     gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
+    tree_width: int = _key(_integer(1, 8), 1)  # token trees: branches per block (1 = a plain chain)
 
 
 MEMBER_LETTERS = ("m", "t", "c", "p")
@@ -411,6 +412,7 @@ OVERRIDES: dict[str, str | None] = {
     "top_k": "decoding",
     "seed": "decoding",
     "gamma_schedule": "decoding",
+    "tree_width": "decoding",
     "drafter": None,
     "ssd_layer": "ssd.layer",
 }

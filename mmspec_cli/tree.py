@@ -21,7 +21,31 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from .runner import crop_to
+from .errors import InputError, ModelLoadError
+
+MAX_TREE_WIDTH = 8
+#: Decoders whose attention takes a prepared 4-D additive mask as it is (eager and sdpa attention).
+MASKABLE_DECODERS = ("llama", "mistral", "qwen2")
+MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+def check_tree_width(width: int) -> int:
+    if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= MAX_TREE_WIDTH:
+        raise InputError(f"tree width {width!r} is outside [1, {MAX_TREE_WIDTH}]; use 1 (no tree) to "
+                         f"{MAX_TREE_WIDTH} branches per block")
+    return width
+
+
+def check_tree_support(model) -> None:
+    """Refuse a model whose decoder can't take a custom 4-D attention mask (token trees need one)."""
+    text = getattr(model.config, "text_config", None) or model.config
+    kind = getattr(text, "model_type", None)
+    attention = getattr(text, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
+    if kind not in MASKABLE_DECODERS or attention not in MASKABLE_ATTENTION:
+        raise ModelLoadError(
+            f"token trees need a decoder that takes a custom 4-D attention mask ({', '.join(MASKABLE_DECODERS)} "
+            f"with {' or '.join(MASKABLE_ATTENTION)} attention); {type(model).__name__} has {kind} with {attention} "
+            f"attention; use --tree-width 1")
 
 
 @dataclass
@@ -95,4 +119,6 @@ def keep_positions(cache: Cache, start: int, positions: Sequence[int]) -> None:
             index = torch.tensor(positions, device=layer.keys.device)
             layer.keys[..., start:start + len(positions), :] = layer.keys.index_select(-2, index)
             layer.values[..., start:start + len(positions), :] = layer.values.index_select(-2, index)
-    crop_to(cache, start + len(positions))
+    excess = cache.get_seq_length() - (start + len(positions))
+    if excess > 0:
+        cache.crop(-excess)  # Cache.crop takes a negative count

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, SsdLayer,
+from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, SsdLayer, TreeWidth,
                                     Temperature)
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
@@ -48,6 +48,7 @@ def bench(
     gamma: Gamma = None,
     gamma_schedule: GammaScheduleName = None,
     ssd_layer: SsdLayer = None,
+    tree_width: TreeWidth = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     seed: Seed = None,
@@ -82,6 +83,7 @@ def bench(
 
     shard_ = parse_shard(shard)
     chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
+                             tree_width=tree_width,
                              max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed)
     check_profile_fits(names, chosen)
@@ -160,6 +162,8 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
     if decoding.gamma_schedule != "constant":  # only when used, so older files stay resumable
         drafting["gamma_schedule"] = decoding.gamma_schedule
+    if decoding.tree_width != 1:
+        drafting["tree_width"] = decoding.tree_width
     if "ssd" in names:
         drafting["ssd"] = plain["ssd"]
     ensemble = json.dumps(drafting, sort_keys=True)

@@ -25,3 +25,5 @@ GammaScheduleName = Annotated[str | None, typer.Option("--gamma-schedule", metav
     "fastvlm (FastVLM Eq. 5, grows with the context from γ)."))]
 SsdLayer = Annotated[int | None, typer.Option("--ssd-layer", metavar="N", help=(
     "ssd: draft with the target's first N decoder layers (see `mmspec select-layer`)."))]
+TreeWidth = Annotated[int | None, typer.Option("--tree-width", metavar="D", help=(
+    "Token trees: D branches per block (1-8), verified in one target forward; 1 = no tree."))]

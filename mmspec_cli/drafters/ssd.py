@@ -44,8 +44,9 @@ from ..errors import InputError, ModelLoadError
 from ..models import LoadedModel
 from ..prompts import ModelPrompt, process
 from ..runner import CachedModel, crop_to
+from ..tree import Tree, tree_mask
 from ..sampling import TokenPicker
-from .base import Draft, Drafter
+from .base import Draft, Drafter, TreeDraft, first_tokens
 
 
 def text_decoder(model: Any) -> Any:
@@ -125,29 +126,60 @@ class SelfSpeculativeDrafter(Drafter):
         self.prompt = process(self.target.processor, prompt_text, images)
         self.prefilled = False
 
-    @torch.inference_mode()
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+    def _start(self, generated: Sequence[int]) -> tuple[list[int], int, Cache]:
+        """The verified ids, the cached context length, and the draft's view of the target's cache."""
         runner = self.runner
         if runner is None:
             raise RuntimeError("SelfSpeculativeDrafter needs bind_target(runner) before propose")
         verified = self.prompt.ids + list(generated)
         context = len(verified) - 1  # the last verified token is fed by the draft (and again by verification)
         if not self.prefilled:  # a new turn: the target encodes the prompt (reusing what its cache still holds)
-            runner.logits(verified[:context], keep=1, vision=self.prompt.vision,
-                          prompt_len=min(len(self.prompt.ids), context))
+            runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
             self.prefilled = True
         runner.truncate(context)
-        cache = shared_layers(runner.cache, self.layer)
+        return verified, context, shared_layers(runner.cache, self.layer)
+
+    def _logits(self, cache: Cache, tokens: Sequence[int], **tree) -> torch.Tensor:
+        """Logits (n, V) of the early exit for ``tokens`` fed after ``cache`` (``tree``: mask and positions)."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.runner.device)  # (1, n)
+        hidden = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # (1, n, H)
+        return self.head(hidden[0])  # (n, V)
+
+    @torch.inference_mode()
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        verified, context, cache = self._start(generated)
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         feed = verified[-1]
         for _ in range(gamma):
-            ids = torch.tensor([[feed]], dtype=torch.long, device=runner.device)  # (1, 1)
-            hidden = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state  # (1, 1, H)
-            logits = self.head(hidden[0, -1])  # (V,)
-            feed, probs = picker.choose(logits)
+            feed, probs = picker.choose(self._logits(cache, [feed])[-1])
             tokens.append(feed)
             if probs is not None:
                 dists.append(probs)
         crop_to(cache, context)  # layers 0..n-1 back to the verified context: verification recomputes the block
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        """All branches in each draft forward, as nodes of one token tree (``tree.py``) in the shared layers."""
+        verified, context, cache = self._start(generated)
+        root = self._logits(cache, [verified[-1]])[-1]  # (V,)
+        q_root = None if picker.greedy else picker.distribution(root)
+        firsts = first_tokens(root if q_root is None else q_root, width, picker)
+        branches = [[token] for token in firsts]
+        dists = [[q_root] for _ in firsts]
+        tree = Tree(base=context + 1)
+        parents = [-1] * len(firsts)
+        for _ in range(gamma - 1):
+            nodes = tree.add(parents)
+            mask = tree_mask(tree, nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, base + fed)
+            positions = torch.tensor([tree.positions(nodes)], device=self.runner.device)  # (1, n)
+            logits = self._logits(cache, [b[-1] for b in branches], attention_mask=mask, position_ids=positions)
+            for j, branch in enumerate(branches):
+                token, probs = picker.choose(logits[j])
+                branch.append(token)
+                dists[j].append(probs)
+            parents = nodes
+        crop_to(cache, context)  # as in propose: verification recomputes the block
+        probs = None if picker.greedy else torch.stack([torch.stack(d) for d in dists])  # (d, γ, V)
+        return TreeDraft(branches=branches, probs=probs)
