@@ -101,7 +101,8 @@ def latency_ratio(blocks: Sequence[BlockVerified]) -> float:
     return statistics.fmean(steps) / statistics.fmean(verifies)
 
 
-def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int], ar: RunStats) -> list[LayerMeasurement]:
+def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int],
+                   ar: RunStats) -> list[LayerMeasurement]:
     """Run ``ssd`` at each of ``layers`` on ``samples``; τ, c, Eq. (1) and the walltime speedup over ``ar``."""
     gamma = models.profile.decoding.gamma
     ar_per_token = ar.wall_s / max(ar.new_tokens, 1)

@@ -144,6 +144,7 @@ class SpeculativeDecoder:
         self.seed = seed
         self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
         drafter.bind_target(self.runner)
+        self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
         self.overlap_prefill = target.model.device.type == "cuda" if overlap_prefill is None else overlap_prefill
@@ -186,7 +187,7 @@ class SpeculativeDecoder:
         drafted = accepted_total = 0
         paused = 0.0
         finished = False
-        schedule = GammaSchedule(self.gamma_schedule, self.gamma, max_sequence_length(self.target.model.config))
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
         while not finished and len(generated) < self.max_new_tokens:
             scheduled = schedule.length(len(prompt.ids) + len(generated))
             gamma = min(scheduled, self.max_new_tokens - len(generated) - 1)

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import MmspecError
-from .tree import Tree, keep_positions, tree_mask
+from .tree import Tree, keep_positions, tree_inputs
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -110,8 +110,7 @@ class CachedModel:
             self.tree_tokens = []
         nodes = self.tree.add(parents)
         self.tree_tokens.extend(tokens)
-        mask = tree_mask(self.tree, nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed)
-        positions = torch.tensor([self.tree.positions(nodes)], device=self.device)  # (1, n)
+        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed), (1, n)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True, logits_to_keep=0)

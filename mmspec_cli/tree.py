@@ -81,10 +81,6 @@ class Tree:
             allowed[row, self.ancestors(node)] = True
         return allowed
 
-    def positions(self, nodes: Sequence[int]) -> list[int]:
-        """Position ids of ``nodes``: the prefix length plus their depth."""
-        return [self.base + self.depths[n] for n in nodes]
-
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where ``allowed``, the dtype's minimum elsewhere (transformers' convention for 4-D masks)."""
@@ -97,14 +93,25 @@ def tree_mask(tree: Tree, nodes: Sequence[int], dtype: torch.dtype, device, pref
     ``prefix`` (B, base) bool says which prefix positions each row may see (left padding of
     batched rows); None means all of them, one row.
     """
-    if prefix is None:
-        prefix = torch.ones(1, tree.base, dtype=torch.bool)
-    prefix = prefix.to("cpu", torch.bool)
+    prefix = torch.ones(1, tree.base, dtype=torch.bool) if prefix is None else prefix.to("cpu", torch.bool)
     rows = prefix.shape[0]
     seen = tree.visible(nodes)  # (n, fed)
     allowed = torch.cat([prefix[:, None, :].expand(rows, len(nodes), tree.base),
                          seen[None].expand(rows, -1, -1)], dim=-1)  # (B, n, base + fed)
     return additive_mask(allowed[:, None].to(device), dtype)
+
+
+def tree_inputs(tree: Tree, nodes: Sequence[int], dtype: torch.dtype, device,
+                prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention mask (B, 1, n, base + fed) and position ids (B, n) for feeding ``nodes``.
+
+    ``prefix`` (B, base), 1 at each row's real positions (batched rows are left-padded), or None
+    for one row with every position real; a node's position is its row's count of real prefix
+    positions plus its depth.
+    """
+    depths = torch.tensor([tree.depths[n] for n in nodes])  # (n,)
+    start = torch.tensor([[tree.base]]) if prefix is None else prefix.to("cpu").long().sum(dim=1, keepdim=True)
+    return tree_mask(tree, nodes, dtype, device, prefix), (start + depths[None, :]).to(device)  # (B, n)
 
 
 def keep_positions(cache: Cache, start: int, positions: Sequence[int]) -> None:

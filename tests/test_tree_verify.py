@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmspec_cli.sampling import draw_without_replacement
-from mmspec_cli.tree import Tree, tree_mask
+from mmspec_cli.tree import Tree, tree_inputs
 from mmspec_cli.verify import recursive_rejection, verify_tree_greedy, verify_tree_sampling
 
 from .test_engine_sampling import chi_square_p_value
@@ -35,12 +35,14 @@ def test_tree_mask_shows_each_node_its_ancestors_only():
     tree = Tree(base=3)
     firsts = tree.add([-1, -1])  # two branches off the prefix
     seconds = tree.add([firsts[0], firsts[1]])
-    assert tree.positions(seconds) == [4, 4] and tree.positions(firsts) == [3, 3]
-    allowed = tree_mask(tree, seconds, torch.float64, "cpu")[0, 0] == 0  # (2, 3 + 4)
+    mask, positions = tree_inputs(tree, seconds, torch.float64, "cpu")
+    assert positions.tolist() == [[4, 4]] and tree_inputs(tree, firsts, torch.float64, "cpu")[1].tolist() == [[3, 3]]
+    allowed = mask[0, 0] == 0  # (2, 3 + 4)
     assert allowed.tolist() == [[True, True, True, True, False, True, False],
                                 [True, True, True, False, True, False, True]]
-    padded = tree_mask(tree, seconds, torch.float64, "cpu", prefix=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    padded, rows = tree_inputs(tree, seconds, torch.float64, "cpu", prefix=torch.tensor([[0, 1, 1], [1, 1, 1]]))
     assert padded.shape == (2, 1, 2, 7) and bool(padded[0, 0, 0, 0] < 0) and bool(padded[1, 0, 0, 0] == 0)
+    assert rows.tolist() == [[3, 3], [4, 4]]  # each row counts its own real positions
 
 
 def random_distribution(vocab, generator, zeros=()):

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from ..errors import ModelLoadError
 from ..runner import common_prefix_length, crop_to, same_tensors
-from ..tree import Tree, keep_positions, tree_mask
+from ..tree import Tree, keep_positions, tree_inputs
 
 
 @dataclass(frozen=True)
@@ -214,9 +214,8 @@ class BatchedRows:
             self.tree_tokens = []
         nodes = self.tree.add(parents)
         self.tree_tokens.extend(tokens)
-        mask = tree_mask(self.tree, nodes, self.model.dtype, self.model.device, prefix=self.mask.bool())  # (B, 1, n, L)
-        depths = torch.tensor([self.tree.depths[n] for n in nodes], device=self.mask.device)  # (n,)
-        positions = self.mask.sum(dim=1, keepdim=True) + depths[None, :]  # (B, n)
+        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.model.device,
+                                      prefix=self.mask)  # (B, 1, n, L), (B, n)
         ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=0)

@@ -44,7 +44,7 @@ from ..errors import InputError, ModelLoadError
 from ..models import LoadedModel
 from ..prompts import ModelPrompt, process
 from ..runner import CachedModel, crop_to
-from ..tree import Tree, tree_mask
+from ..tree import Tree, tree_inputs
 from ..sampling import TokenPicker
 from .base import Draft, Drafter, TreeDraft, first_tokens
 
@@ -172,8 +172,7 @@ class SelfSpeculativeDrafter(Drafter):
         parents = [-1] * len(firsts)
         for _ in range(gamma - 1):
             nodes = tree.add(parents)
-            mask = tree_mask(tree, nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, base + fed)
-            positions = torch.tensor([tree.positions(nodes)], device=self.runner.device)  # (1, n)
+            mask, positions = tree_inputs(tree, nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, L), (1, n)
             logits = self._logits(cache, [b[-1] for b in branches], attention_mask=mask, position_ids=positions)
             for j, branch in enumerate(branches):
                 token, probs = picker.choose(logits[j])
