@@ -115,6 +115,9 @@ def check_profile_fits(names: list[str], profile: Profile) -> None:
         if name == HF_ASSISTED:
             if profile.decoding.temperature != 0:
                 raise InputError("hf-assisted runs greedy only; use --temperature 0 or drop hf-assisted")
+            if profile.decoding.tree_width != 1 or profile.decoding.gamma_schedule != "constant":
+                raise InputError("hf-assisted drafts a constant-γ chain; drop --tree-width/--gamma-schedule "
+                                 "(or decoding.tree_width/gamma_schedule) or drop hf-assisted")
             needs_draft = True
         else:
             plan = parse_drafter(name, profile.ensemble.members)
