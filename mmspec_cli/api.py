@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .captioner import Captioner
 from .drafters import build_drafter, parse_drafter
 from .drafters.registry import require_captioner
+from .drafters.ssd import check_layer, layer_count, require_layer
 from .engine import SpeculativeDecoder
 from .ensemble import PolicyConfig
 from .models import LoadedModel, check_compatible, load_model
@@ -41,7 +42,12 @@ class ModelSet:
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
+        self_speculative = any(p.self_speculative for p in plans)
+        if self_speculative:
+            require_layer(profile.ssd.layer)  # unset: refused before loading anything
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
+        if self_speculative:
+            check_layer(profile.ssd.layer, layer_count(models.target.model))
         if any(p.needs_draft for p in plans) and profile.draft is not None:
             models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
             check_compatible(models.target, models.draft)
@@ -57,11 +63,13 @@ class ModelSet:
             self.target,
             build_drafter(drafter, self.target, self.draft, ensemble=policy_config(profile),
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
-                          captioner=self.captioner, seed=decoding.seed or 0),
+                          captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=profile.ssd.layer),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
             seed=decoding.seed,
+            gamma_schedule=decoding.gamma_schedule,
+            tree_width=decoding.tree_width,
         )
 
 

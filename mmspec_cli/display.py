@@ -153,6 +153,8 @@ def block_json(block: BlockVerified) -> dict:
     out = {"draft": block.draft, "accepted": block.accepted, "emitted": block.emitted}
     if block.weights is not None:
         out["weights"] = block.weights
+    if block.tree is not None:
+        out["tree"] = block.tree  # every branch of a token-tree block; "draft" is the one the target followed
     return out
 
 

@@ -7,7 +7,8 @@ One block (gpt-fast style, see DESIGN.md):
   3. the verification rule (``verify.py``) accepts a prefix and adds the target's own token;
   4. the block is reported as a :class:`BlockVerified` event.
 The target cache is rolled back with ``Cache.crop`` on the next call (``runner.py``), so the
-whole prefix is never re-run. γ is cut to ``max_new_tokens - generated - 1`` so that
+whole prefix is never re-run. γ comes from the draft-length schedule (``schedules.py``:
+constant, heuristic or FastVLM Eq. 5) and is cut to ``max_new_tokens - generated - 1`` so that
 ``max_new_tokens`` is exact; an EOS inside a block ends the turn at that token.
 """
 
@@ -21,13 +22,15 @@ from typing import Any
 
 import torch
 
-from .drafters.base import EMPTY_DRAFT, Draft, Drafter
+from .drafters.base import EMPTY_DRAFT, Draft, Drafter, NoDrafter, TreeDraft
 from .metrics import RunStats
 from .models import LoadedModel
 from .prompts import ModelPrompt, check_questions, check_raw_prompt, process, render_prompt
 from .runner import CachedModel
 from .sampling import SamplingParams, TokenPicker
-from .verify import Verdict, verify_greedy, verify_sampling
+from .schedules import GammaSchedule, check_schedule
+from .tree import check_tree_support, check_tree_width
+from .verify import Verdict, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class BlockVerified:
     verify_s: float
     update_s: float = 0.0  # the drafter's learning from the verified block (TABED evidence)
     weights: list[float] | None = None
+    tree: list[list[int]] | None = None  # a token-tree block's branches; ``draft`` is the one followed
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,13 @@ def eos_ids(target: LoadedModel) -> set[int]:
     return {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
 
 
+def max_sequence_length(config: Any, default: int = 4096) -> int:
+    """The model's maximum sequence length (N of FastVLM Eq. 5), from its text config."""
+    text = getattr(config, "text_config", None) or config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
 def cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
     for i, token in enumerate(tokens):
         if token in eos:
@@ -118,14 +129,22 @@ class SpeculativeDecoder:
         sampling: SamplingParams = SamplingParams(),
         seed: int | None = None,
         overlap_prefill: bool | None = None,
+        gamma_schedule: str = "constant",
+        tree_width: int = 1,
     ):
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
+        self.gamma_schedule = check_schedule(gamma_schedule)
+        self.tree_width = check_tree_width(tree_width)
+        if tree_width > 1 and not isinstance(drafter, NoDrafter):
+            check_tree_support(target.model)
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.seed = seed
         self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
+        drafter.bind_target(self.runner)
+        self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
         self.overlap_prefill = target.model.device.type == "cuda" if overlap_prefill is None else overlap_prefill
@@ -168,15 +187,24 @@ class SpeculativeDecoder:
         drafted = accepted_total = 0
         paused = 0.0
         finished = False
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
         while not finished and len(generated) < self.max_new_tokens:
-            gamma = min(self.gamma, self.max_new_tokens - len(generated) - 1)
+            scheduled = schedule.length(len(prompt.ids) + len(generated))
+            gamma = min(scheduled, self.max_new_tokens - len(generated) - 1)
             t0 = time.perf_counter()
-            draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
-            t1 = time.perf_counter()
-            verdict, target_logits = self._verify(prompt, generated, draft, picker)
+            tree = None
+            if gamma > 0 and self.tree_width > 1 and not isinstance(self.drafter, NoDrafter):
+                tree = self.drafter.propose_tree(generated, gamma, self.tree_width, picker)
+                t1 = time.perf_counter()
+                verdict, target_logits, draft = self._verify_tree(prompt, generated, tree, picker)
+            else:
+                draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
+                t1 = time.perf_counter()
+                verdict, target_logits = self._verify(prompt, generated, draft, picker)
             t2 = time.perf_counter()
             if len(draft):
                 self.drafter.observe(target_logits, draft, verdict, picker)
+            schedule.update(len(draft), verdict.accepted)
             t3 = time.perf_counter()
             new_tokens, finished = cut_after_eos(draft.tokens[: verdict.accepted] + [verdict.next_token], self.eos)
             kept_drafts = min(verdict.accepted, len(new_tokens))
@@ -187,6 +215,7 @@ class SpeculativeDecoder:
                 turn=turn, index=len(blocks), draft=list(draft.tokens), accepted=kept_drafts,
                 emitted=verdict.next_token if len(new_tokens) > kept_drafts else None,
                 tokens=new_tokens, draft_s=t1 - t0, verify_s=t2 - t1, update_s=t3 - t2, weights=draft.weights,
+                tree=None if tree is None else [list(b) for b in tree.branches],
             )
             blocks.append(block)
             handed_over = time.perf_counter()
@@ -211,6 +240,34 @@ class SpeculativeDecoder:
             started = pool.submit(self.drafter.begin_turn, text, images)
             self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
             started.result()  # re-raises the drafter's error, if any
+
+    def _verify_tree(self, prompt: ModelPrompt, generated: list[int], tree: TreeDraft,
+                     picker: TokenPicker) -> tuple[Verdict, torch.Tensor, Draft]:
+        """ONE target forward over the whole tree, after the verified tokens; then the tree rule.
+
+        The nodes are the last verified token (the root) and the branches' tokens, branch after
+        branch; each sees the cached prefix and its own ancestors (``tree.py``). Only the followed
+        branch's accepted entries stay in the target's cache (and in the draft's). Returns the
+        verdict, the target's logits (γ+1, V) along the followed branch, and that branch as a chain.
+        """
+        verified = prompt.ids + generated
+        context = len(verified) - 1
+        self.runner.hold(verified[:context], vision=prompt.vision, prompt_len=min(len(prompt.ids), context))
+        width, gamma = len(tree.branches), len(tree.branches[0])
+        tokens = [verified[-1]] + [token for branch in tree.branches for token in branch]
+        parents = [-1] + [0 if t == 0 else j * gamma + t for j in range(width) for t in range(gamma)]
+        logits = self.runner.tree_logits(tokens, parents)  # (1 + d·γ, V)
+        root, rest = logits[0], logits[1:].reshape(width, gamma, -1)  # (V,), (d, γ, V)
+        branches = torch.tensor(tree.branches, dtype=torch.long)  # (d, γ)
+        if picker.greedy:
+            outcome = verify_tree_greedy(branches, root, rest)
+        else:
+            outcome = verify_tree_sampling(branches, tree.probs, picker.distribution(root), picker.distribution(rest),
+                                           picker.generator)
+        self.runner.keep_path([0] + [1 + outcome.branch * gamma + t for t in range(outcome.accepted)])
+        self.drafter.keep_branch(outcome.branch, outcome.accepted)
+        path = torch.cat([root[None], rest[outcome.branch]])  # (γ+1, V)
+        return Verdict(outcome.accepted, outcome.next_token), path, tree.branch(outcome.branch)
 
     def _verify(self, prompt: ModelPrompt, generated: list[int], draft: Draft,
                 picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:

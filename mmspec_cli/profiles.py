@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from mmspec_cli.errors import ProfileError
+from mmspec_cli.schedules import SCHEDULES
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
 #: which runs offline on a CPU. ``None`` would make ``--profile`` required.
@@ -229,6 +230,8 @@ class DecodingSpec:
     top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
     top_k: int | None = _key(_optional(_integer(1)), None)
     seed: int | None = _key(_optional(_integer(0)), None)
+    gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
+    tree_width: int = _key(_integer(1, 8), 1)  # token trees: branches per block (1 = a plain chain)
 
 
 MEMBER_LETTERS = ("m", "t", "c", "p")
@@ -284,6 +287,13 @@ class PoolingSpec:
 
 
 @dataclass(frozen=True)
+class SsdSpec:
+    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft."""
+
+    layer: int | None = _key(_optional(_integer(1)), None)  # in [1, L-1]; checked against the model when it loads
+
+
+@dataclass(frozen=True)
 class Profile:
     """A validated profile. ``name``/``source`` say where it came from; the rest are keys."""
 
@@ -296,6 +306,7 @@ class Profile:
     ensemble: EnsembleSpec = _key(_section(EnsembleSpec), factory=EnsembleSpec)
     captioner: CaptionerSpec | None = _key(_section(CaptionerSpec, optional=True), None)
     pooling: PoolingSpec = _key(_section(PoolingSpec), factory=PoolingSpec)
+    ssd: SsdSpec = _key(_section(SsdSpec), factory=SsdSpec)
 
 
 # --------------------------------------------------------------------------- public API
@@ -391,7 +402,8 @@ def load_profile(name_or_path: str | None) -> Profile:
         raise ProfileError(f"{exc} (in profile {path})") from None
 
 
-#: Flat CLI override name -> section it belongs to (``None``: top level of the profile).
+#: Flat CLI override name -> section it belongs to (``None``: top level of the profile), or
+#: ``"section.key"`` when the key's name differs from the override's.
 OVERRIDES: dict[str, str | None] = {
     "gamma": "decoding",
     "max_new_tokens": "decoding",
@@ -399,7 +411,10 @@ OVERRIDES: dict[str, str | None] = {
     "top_p": "decoding",
     "top_k": "decoding",
     "seed": "decoding",
+    "gamma_schedule": "decoding",
+    "tree_width": "decoding",
     "drafter": None,
+    "ssd_layer": "ssd.layer",
 }
 
 
@@ -420,10 +435,11 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     for name, value in overrides.items():
         if value is None:
             continue
-        section = OVERRIDES[name]
+        section, _, key = (OVERRIDES[name] or "").partition(".")
+        section, key = section or None, key or name
         owner = Profile if section is None else type(getattr(profile, section))
-        check = next(f for f in _keys(owner) if f.name == name).metadata["check"]
-        changes.setdefault(section, {})[name] = check(value, _flag(name))
+        check = next(f for f in _keys(owner) if f.name == key).metadata["check"]
+        changes.setdefault(section, {})[key] = check(value, _flag(name))
     top = changes.pop(None, {})
     for section, values in changes.items():
         top[section] = dataclasses.replace(getattr(profile, section), **values)

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import MmspecError
+from .tree import Tree, keep_positions, tree_inputs
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -70,11 +71,65 @@ class CachedModel:
         self.cache = DynamicCache(config=model.config)
         self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
+        self.tree: Tree | None = None  # a token tree fed after ``ids`` and not settled yet
+        self.tree_tokens: list[int] = []
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.ids = []
         self.vision = {}
+        self.tree = None
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (a self-speculative drafter then extends them)."""
+        self._drop_tree()
+        crop_to(self.cache, length)
+        self.ids = self.ids[:length]
+
+    # ----------------------------------------------------------------- token trees (tree.py)
+
+    def hold(self, ids: Sequence[int], vision: Mapping[str, torch.Tensor] | None = None,
+             prompt_len: int | None = None) -> None:
+        """Make the cache hold exactly ``ids``, feeding only what it lacks (nothing if it holds them already)."""
+        self._drop_tree()
+        prompt_len = len(ids) if prompt_len is None else prompt_len
+        images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
+        held = common_prefix_length(self.ids, ids) == len(ids) and len(ids) > 0
+        if held and (not images_end or same_tensors(self.vision, vision)):
+            crop_to(self.cache, len(ids))
+            self.ids = list(ids)
+            return
+        self.logits(ids, keep=1, vision=vision, prompt_len=prompt_len)
+
+    @torch.inference_mode()
+    def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Feed tree nodes after the held ids (``parents``: earlier node indices, -1 for the held ids);
+        logits (n, V) of every node. Nodes fed by earlier calls stay visible to their descendants."""
+        if self.tree is None:
+            self.tree = Tree(base=len(self.ids))
+            self.tree_tokens = []
+        nodes = self.tree.add(parents)
+        self.tree_tokens.extend(tokens)
+        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed), (1, n)
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=0)
+        return out.logits[0]  # (n, V)
+
+    @torch.inference_mode()
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """Settle the tree: keep the entries of ``nodes`` (one root-to-node path) after the held ids."""
+        tree = self.tree
+        if tree is None:
+            return
+        keep_positions(self.cache, tree.base, [tree.base + n for n in nodes])
+        self.ids = self.ids + [self.tree_tokens[n] for n in nodes]
+        self.tree = None
+
+    def _drop_tree(self) -> None:
+        if self.tree is not None:
+            crop_to(self.cache, self.tree.base)
+            self.tree = None
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None,
@@ -87,6 +142,7 @@ class CachedModel:
         feed reaches back into the prompt's placeholders, the prompt is encoded again from the
         start with its pixels, never spliced.
         """
+        self._drop_tree()
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
         reuse = common_prefix_length(self.ids, ids)

@@ -91,3 +91,15 @@ class TokenPicker:
     def choose_from(self, probs: torch.Tensor) -> int:
         """Draw from an already shaped distribution (e.g. a residual or a mixture)."""
         return sample(probs, self.generator)
+
+
+def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """Up to ``k`` distinct ids drawn one after another from ``probs`` (V,), each from what is left,
+    renormalised; fewer when the support is smaller. The order is the draw order."""
+    remaining = probs.detach().to("cpu", torch.float64).clone()
+    out: list[int] = []
+    while len(out) < k and remaining.sum() > 0:
+        token = int(torch.multinomial(remaining / remaining.sum(), 1, generator=generator))
+        out.append(token)
+        remaining[token] = 0.0
+    return out

@@ -8,10 +8,15 @@ token y_i with probability min(1, p_i(y_i) / q_i(y_i)), where q_i is the distrib
 was actually drawn from (for an ensemble, the weighted mixture). At the first rejection
 emit a token drawn from norm(max(0, p_i - q_i)); after a full accept draw the bonus from
 p_{γ+1}. The emitted sequence is then distributed exactly as the target's own sampling.
+
+Token trees (several branches per block, TABED §6.1): greedy follows the one branch that
+starts with the target's argmax; sampling settles the branches' distinct first tokens by
+recursive rejection sampling without replacement (Jeon et al. 2024), then the chain rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,3 +77,86 @@ def verify_sampling(
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# --------------------------------------------------------------------------- token trees
+#
+# A tree block has d branches of γ tokens. Their first tokens are distinct: the d most
+# likely tokens of the draft's root distribution q (greedy), or d draws from q without
+# replacement (sampling); each branch then continues as a chain. The target scores the
+# whole tree in one forward: ``root`` are its logits/probabilities at the last verified
+# token (they judge every branch's first token), and ``branch[j, t]`` those after token t of
+# branch j. Branch j alone is then exactly a chain block with target rows
+# cat(root, branch[j]) (γ+1 rows), which is what the chain rules above take.
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """The branch followed (0 when no first token was accepted), its accepted tokens, and the target's token."""
+
+    branch: int
+    accepted: int
+    next_token: int
+
+
+def verify_tree_greedy(branches: torch.Tensor, root_logits: torch.Tensor, branch_logits: torch.Tensor) -> TreeVerdict:
+    """branches: (d, γ) ids, distinct first tokens; root_logits: (V,); branch_logits: (d, γ, V).
+
+    At most one branch starts with the target's argmax; the greedy chain rule then runs along
+    it, which accepts the longest branch prefix equal to the target's own greedy tokens.
+    """
+    choice = int(root_logits.argmax())
+    firsts = branches[:, 0].tolist()
+    if choice not in firsts:
+        return TreeVerdict(branch=0, accepted=0, next_token=choice)
+    j = firsts.index(choice)
+    chain = verify_greedy(branches[j], torch.cat([root_logits[None], branch_logits[j]]))
+    return TreeVerdict(branch=j, accepted=chain.accepted, next_token=chain.next_token)
+
+
+def recursive_rejection(candidates: Sequence[int], q: torch.Tensor, p: torch.Tensor,
+                        generator: torch.Generator) -> tuple[int | None, torch.Tensor]:
+    """Recursive rejection sampling over candidates drawn WITHOUT replacement (RRSw; Jeon et al. 2024,
+    "Recursive Speculative Decoding", Alg. 2; the multi-candidate rule of SpecInfer, Miao et al. 2023 §4,
+    with the proposal renormalised after each rejection, as in Yang et al. 2024 "Multi-Candidate
+    Speculative Decoding").
+
+    candidates: x_1..x_k in the order they were drawn from q without replacement; q, p: (V,).
+    With p_1 = p and q_1 = q: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); on rejection
+    p_{i+1} = norm(max(0, p_i − q_i)) and q_{i+1} = q_i with x_i removed and renormalised (the
+    distribution x_{i+1} was drawn from). Each step is the single-draft rule for target p_i
+    and proposal q_i, so what comes out (the accepted x_i, or a draw from p_{k+1}) is
+    distributed as p_i, and by induction as p.
+    Returns (index of the accepted candidate or None, the residual to draw from when None).
+    """
+    p_i = p.detach().to("cpu", torch.float64)
+    q_i = q.detach().to("cpu", torch.float64)
+    for index, x in enumerate(candidates):
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        if u * float(q_i[x]) < float(p_i[x]):
+            return index, p_i
+        p_i = residual_distribution(p_i, q_i)
+        q_i = q_i.clone()
+        q_i[x] = 0.0
+        mass = q_i.sum()
+        q_i = q_i / mass if mass > 0 else q_i
+    return None, p_i
+
+
+def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
+                         branch_probs: torch.Tensor, generator: torch.Generator) -> TreeVerdict:
+    """Multi-draft speculative sampling over a tree whose only fork is the root.
+
+    branches: (d, γ), first tokens drawn from q_root without replacement, in draw order;
+    draft_probs: (d, γ, V), [j, t] the distribution token t of branch j was drawn from (all
+    [j, 0] equal q_root); root_probs: (V,) and branch_probs: (d, γ, V), the target's p, shaped
+    like q. The root is settled by :func:`recursive_rejection`; after accepting branch j's
+    first token, the rest of branch j is a chain and goes through :func:`verify_sampling`.
+    Both keep the target's distribution, so the emitted tokens follow the target's own sampling.
+    """
+    firsts = branches[:, 0].tolist()
+    index, residual = recursive_rejection(firsts, draft_probs[0, 0], root_probs, generator)
+    if index is None:
+        return TreeVerdict(branch=0, accepted=0, next_token=_draw(residual, generator))
+    rest = verify_sampling(branches[index, 1:], draft_probs[index, 1:], branch_probs[index], generator)
+    return TreeVerdict(branch=index, accepted=1 + rest.accepted, next_token=rest.next_token)

@@ -161,6 +161,8 @@ ERRORS = {
     "top-p 0": (lambda f: [*f["images"], "-q", QUESTION, "--top-p", "0"], "--top-p: expected"),
     "top-p 1.5": (lambda f: [*f["images"], "-q", QUESTION, "--top-p", "1.5"], "--top-p: expected"),
     "unknown drafter": (lambda f: [*f["images"], "-q", QUESTION, "--drafter", "zz"], "drafter 'zz'"),
+    "unknown gamma schedule": (lambda f: [*f["images"], "-q", QUESTION, "--gamma-schedule", "cosine"],
+                               "--gamma-schedule: expected one of constant, heuristic, fastvlm"),
 }
 PROFILE_ERRORS = {
     "unknown profile": ("no-such-profile", 'unknown profile "no-such-profile"'),

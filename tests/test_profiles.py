@@ -186,7 +186,7 @@ def test_drafter_must_be_nonempty_string():
 
 def test_unknown_key_nested():
     message = refused(with_decoding(gama=3), "decoding.gama: unknown key; known keys: gamma, max_new_tokens, ")
-    assert message.endswith("known keys: gamma, max_new_tokens, temperature, top_p, top_k, seed")
+    assert message.endswith("known keys: gamma, max_new_tokens, temperature, top_p, top_k, seed, gamma_schedule, tree_width")
     refused(with_target(dtpye="float16"), "target.dtpye: unknown key; known keys: model, dtype, device")
 
 
@@ -201,7 +201,7 @@ def test_unknown_key_top_level():
 
 @pytest.mark.parametrize("data", [[1, 2], "target", 3, None])
 def test_top_level_not_a_mapping(data):
-    refused(data, "profile: expected a mapping with keys target, draft, decoding, drafter, ensemble, captioner, pooling, got")
+    refused(data, "profile: expected a mapping with keys target, draft, decoding, drafter, ensemble, captioner, pooling, ssd, got")
 
 
 def test_section_not_a_mapping():
@@ -365,7 +365,7 @@ def test_apply_overrides_unknown_name_is_a_programming_error():
 def test_round_trip(data):
     profile = profile_from_dict(data, name="n", source="s")
     plain = profile_to_dict(profile)
-    assert set(plain) == {"target", "draft", "decoding", "drafter", "ensemble", "captioner", "pooling"}
+    assert set(plain) == {"target", "draft", "decoding", "drafter", "ensemble", "captioner", "pooling", "ssd"}
     dumped = yaml.safe_load(yaml.safe_dump(plain))
     assert profile_from_dict(dumped, name="n", source="s") == profile
 
@@ -380,7 +380,7 @@ def test_profile_is_a_dataclass_with_expected_fields():
     import dataclasses
 
     assert [f.name for f in dataclasses.fields(Profile)] == ["name", "source", "target", "draft", "decoding", "drafter", "ensemble",
-                                                        "captioner", "pooling"]
+                                                        "captioner", "pooling", "ssd"]
 
 
 @pytest.mark.parametrize("ensemble, fragment", [

@@ -48,7 +48,7 @@ class RunSettings:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    ensemble: str = ""  # the profile's ensemble/pooling settings, as JSON
+    ensemble: str = ""  # the profile's drafting settings (ensemble, pooling, a non-constant gamma schedule), as JSON
 
     def record_fields(self) -> dict[str, Any]:
         """The settings each record carries (``--resume`` refuses a file made with others)."""

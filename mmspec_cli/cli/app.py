@@ -19,6 +19,7 @@ from mmspec_cli.cli.bench import bench
 from mmspec_cli.cli.compare import compare
 from mmspec_cli.cli.generate import generate
 from mmspec_cli.cli.profile_latency import profile_latency
+from mmspec_cli.cli.select_layer import select_layer
 
 app = typer.Typer(
     name="mmspec",
@@ -51,6 +52,7 @@ _register(generate)
 _register(bench)
 _register(compare)
 _register(profile_latency)
+_register(select_layer)
 
 
 def main() -> None:

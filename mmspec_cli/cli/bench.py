@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import Gamma, MaxNewTokens, ProfileName, Seed, Temperature
+from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, SsdLayer, TreeWidth,
+                                    Temperature)
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
@@ -45,6 +46,9 @@ def bench(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
         "Run one short untimed turn per drafter before timing."))] = True,
     gamma: Gamma = None,
+    gamma_schedule: GammaScheduleName = None,
+    ssd_layer: SsdLayer = None,
+    tree_width: TreeWidth = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     seed: Seed = None,
@@ -78,7 +82,9 @@ def bench(
     from mmspec_cli.bench.samples import parse_shard
 
     shard_ = parse_shard(shard)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, max_new_tokens=max_new_tokens,
+    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
+                             tree_width=tree_width,
+                             max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed)
     check_profile_fits(names, chosen)
     if shard == "auto":
@@ -103,16 +109,22 @@ def parse_drafters(text: str) -> list[str]:
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
     from mmspec_cli.drafters.registry import parse_drafter, require_captioner
+    from mmspec_cli.drafters.ssd import require_layer
 
     for name in names:
         if name == HF_ASSISTED:
             if profile.decoding.temperature != 0:
                 raise InputError("hf-assisted runs greedy only; use --temperature 0 or drop hf-assisted")
+            if profile.decoding.tree_width != 1 or profile.decoding.gamma_schedule != "constant":
+                raise InputError("hf-assisted drafts a constant-γ chain; drop --tree-width/--gamma-schedule "
+                                 "(or decoding.tree_width/gamma_schedule) or drop hf-assisted")
             needs_draft = True
         else:
             plan = parse_drafter(name, profile.ensemble.members)
             needs_draft = plan.needs_draft
             require_captioner(plan, profile.captioner is not None)
+            if plan.self_speculative:
+                require_layer(profile.ssd.layer)
         if needs_draft and profile.draft is None:
             raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
                              f"or use --drafters ar")
@@ -150,7 +162,14 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
     decoding = profile.decoding
     plain = profile_to_dict(profile)
-    ensemble = json.dumps({"ensemble": plain["ensemble"], "pooling": plain["pooling"]}, sort_keys=True)
+    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
+    if decoding.gamma_schedule != "constant":  # only when used, so older files stay resumable
+        drafting["gamma_schedule"] = decoding.gamma_schedule
+    if decoding.tree_width != 1:
+        drafting["tree_width"] = decoding.tree_width
+    if "ssd" in names:
+        drafting["ssd"] = plain["ssd"]
+    ensemble = json.dumps(drafting, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,

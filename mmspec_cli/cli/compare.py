@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from mmspec_cli.cli.options import Gamma, Images, MaxNewTokens, ProfileName, Questions, Seed, TopK, TopP
+from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
+                                    SsdLayer, TreeWidth, TopK, TopP)
 from mmspec_cli.comparison import Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline, weight_share
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
@@ -33,6 +34,9 @@ def compare(
         "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed.")) ] = DEFAULT_DRAFTERS,
     profile: ProfileName = None,
     gamma: Gamma = None,
+    gamma_schedule: GammaScheduleName = None,
+    ssd_layer: SsdLayer = None,
+    tree_width: TreeWidth = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Annotated[float | None, typer.Option(metavar="X", help=(
         "0 for greedy decoding, where all outputs must be identical."))] = None,
@@ -50,7 +54,9 @@ def compare(
     """
     pictures = load_images(images or [])
     questions = check_questions(question or [], None)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, max_new_tokens=max_new_tokens,
+    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
+                             tree_width=tree_width,
+                             max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     names = drafter_names(drafters, chosen.ensemble.members)
     outcome = _run(chosen, pictures, questions, names, progress=sys.stdout.isatty() and not as_json)

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import Gamma, Images, MaxNewTokens, ProfileName, Questions, Seed, Temperature, TopK, TopP
+from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
+                                    SsdLayer, TreeWidth, Temperature, TopK, TopP)
 from mmspec_cli.images import load_images
 from mmspec_cli.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.prompts import check_questions
@@ -20,6 +21,9 @@ def generate(
     profile: ProfileName = None,
     drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, mt, tabed, or ar (no drafting).")] = None,
     gamma: Gamma = None,
+    gamma_schedule: GammaScheduleName = None,
+    ssd_layer: SsdLayer = None,
+    tree_width: TreeWidth = None,
     max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = None,
     top_p: TopP = None,
@@ -37,7 +41,9 @@ def generate(
     pictures = load_images(images or [])
     questions = question or []
     check_questions(questions, raw_prompt)
-    chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens,
+    chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, gamma_schedule=gamma_schedule,
+                             ssd_layer=ssd_layer, tree_width=tree_width,
+                             max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)
 

@@ -20,3 +20,10 @@ Temperature = Annotated[float | None, typer.Option("--temperature", metavar="X",
 TopP = Annotated[float | None, typer.Option("--top-p", metavar="X", help="Nucleus sampling mass, in (0, 1].")]
 TopK = Annotated[int | None, typer.Option("--top-k", metavar="N", help="Sample from the N likeliest tokens.")]
 Seed = Annotated[int | None, typer.Option("--seed", metavar="N", help="Random seed for sampling.")]
+GammaScheduleName = Annotated[str | None, typer.Option("--gamma-schedule", metavar="constant|heuristic|fastvlm", help=(
+    "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
+    "fastvlm (FastVLM Eq. 5, grows with the context from γ)."))]
+SsdLayer = Annotated[int | None, typer.Option("--ssd-layer", metavar="N", help=(
+    "ssd: draft with the target's first N decoder layers (see `mmspec select-layer`)."))]
+TreeWidth = Annotated[int | None, typer.Option("--tree-width", metavar="D", help=(
+    "Token trees: D branches per block (1-8), verified in one target forward; 1 = no tree."))]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..sampling import TokenPicker
+from ..sampling import TokenPicker, draw_without_replacement
 from ..verify import Verdict
 
 
@@ -28,12 +28,37 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None
     weights: list[float] | None = None  # ensemble weights used for this block, if any
+    branch: int = 0  # which branch of a TreeDraft this chain is
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
 EMPTY_DRAFT = Draft(tokens=[])
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """d branches of γ tokens with distinct first tokens (verify.py's tree rules); ``probs`` (d, γ, V)
+    the distributions each token was drawn from (None when greedy). Branch order is the draw order."""
+
+    branches: list[list[int]]
+    probs: torch.Tensor | None = None
+    weights: list[float] | None = None
+
+    def branch(self, j: int) -> Draft:
+        """Branch ``j`` as a chain draft."""
+        return Draft(tokens=list(self.branches[j]), probs=None if self.probs is None else self.probs[j],
+                     weights=self.weights, branch=j)
+
+
+def first_tokens(scores: torch.Tensor, width: int, picker: TokenPicker) -> list[int]:
+    """The tree's first tokens from the root distribution: the ``width`` likeliest (greedy; ``scores``
+    may be logits or probabilities), or ``width`` draws without replacement from ``scores`` (sampling;
+    probabilities), fewer if the support is smaller."""
+    if picker.greedy:
+        return torch.topk(scores, min(width, scores.shape[-1])).indices.tolist()
+    return draw_without_replacement(scores, width, picker.generator)
 
 
 class Drafter(ABC):
@@ -50,6 +75,16 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
+
+    @abstractmethod
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        """Draft ``width`` branches of ``gamma`` tokens (token trees, TABED §6.1), all in each draft forward."""
+
+    def keep_branch(self, branch: int, accepted: int) -> None:
+        """After a tree block: the target followed ``branch`` and accepted its first ``accepted`` tokens."""
+
+    def bind_target(self, runner: Any) -> None:
+        """Receive the engine's target :class:`~mmspec_cli.runner.CachedModel`; ``ssd`` drafts over its cache."""
 
     def slow_start(self, images: Sequence[Any]) -> bool:
         """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""
@@ -74,3 +109,6 @@ class NoDrafter(Drafter):
 
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         return EMPTY_DRAFT
+
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        return TreeDraft(branches=[])

@@ -21,7 +21,7 @@ from ..ensemble import PolicyConfig, WeightPolicy, mixture
 from ..models import LoadedModel
 from ..sampling import TokenPicker, working_dtype
 from ..verify import Verdict
-from .base import Draft, Drafter
+from .base import Draft, Drafter, TreeDraft, first_tokens
 from .rows import BatchedRows
 from .single import fit_vocab
 from .views import RowView
@@ -48,6 +48,8 @@ class EnsembleDrafter(Drafter):
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
         self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
         self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last block
+        self._branch_q: torch.Tensor | None = None  # (d, γ, m, V) the same for each branch of a tree block
+        self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prefix = self.rows.begin([view(prompt_text, images) for view in self.views])
@@ -74,14 +76,47 @@ class EnsembleDrafter(Drafter):
             mixed_q.append(q)
             shared.append(token)
         self._block_q = torch.stack(members_q) if members_q else None
+        self._branch_q = None
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(mixed_q),
                      weights=[float(w) for w in weights])
 
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        """Every branch × every member in each draft forward: the members are the batch rows, the branches
+        nodes of one token tree in every row (``rows.tree_logits``); each branch is mixed with the block's weights."""
+        weights = self.policy.weights()  # (m,)
+        q_k = member_distributions(fit_vocab(self.rows.logits(self.prefix + list(generated)), self.target_vocab),
+                                   picker)  # (m, V)
+        q = mixture(q_k, weights)  # (V,)
+        firsts = first_tokens(q, width, picker)
+        branches = [[token] for token in firsts]
+        members_q = [[q_k] for _ in firsts]
+        mixed_q = [[q] for _ in firsts]
+        parents = [-1] * len(firsts)
+        for step in range(gamma - 1):
+            logits = fit_vocab(self.rows.tree_logits([b[-1] for b in branches], parents), self.target_vocab)  # (m, d, V)
+            for j, branch in enumerate(branches):
+                q_kj = member_distributions(logits[:, j], picker)  # (m, V)
+                q_j = mixture(q_kj, weights)
+                branch.append(int(q_j.argmax()) if picker.greedy else picker.choose_from(q_j))
+                members_q[j].append(q_kj)
+                mixed_q[j].append(q_j)
+            parents = [step * len(branches) + j for j in range(len(branches))]
+        self._tree_shape = (len(branches), gamma - 1)
+        self._branch_q = torch.stack([torch.stack(m) for m in members_q])  # (d, γ, m, V)
+        self._block_q = None
+        probs = None if picker.greedy else torch.stack([torch.stack(m) for m in mixed_q])  # (d, γ, V)
+        return TreeDraft(branches=branches, probs=probs, weights=[float(w) for w in weights])
+
+    def keep_branch(self, branch: int, accepted: int) -> None:
+        width, fed = self._tree_shape
+        self.rows.keep_path([s * width + branch for s in range(min(accepted, fed))])
+
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """Record the verified positions: those whose prefix the target accepted (accepted + 1, at most γ)."""
-        if self._block_q is None or not self.policy.uses_evidence:
+        block_q = self._block_q if self._branch_q is None else self._branch_q[draft.branch]  # (γ, m, V)
+        if block_q is None or not self.policy.uses_evidence:
             return
         n = min(verdict.accepted + 1, len(draft))
         kept = torch.tensor((draft.tokens[: verdict.accepted] + [verdict.next_token])[:n])
         p = member_distributions(target_logits[:n], picker)  # (n, V)
-        self.policy.observe(p, self._block_q[:n].to(p), kept)
+        self.policy.observe(p, block_q[:n].to(p), kept)

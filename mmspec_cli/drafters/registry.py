@@ -3,7 +3,8 @@
 Names: ``ar``; single methods ``m``, ``t``, ``c``, ``p``; static ensembles, any combination
 of those letters without repeats (``mt``, ``mtc``, ``mtcp``, ...; IbED Alg. 1, equal
 weights); ``tabed`` (members from the profile's ``ensemble.members``, default ``[m, t]``)
-and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``).
+and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``); ``ssd``, self-speculative
+drafting with the target's first ``ssd.layer`` layers (FastVLM), which is never an ensemble member.
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
 (:mod:`.rows`), which needs a LLaVA-1.5-style draft.
@@ -21,6 +22,7 @@ from ..models import LoadedModel
 from .base import Drafter, NoDrafter
 from .ensemble import EnsembleDrafter
 from .rows import llava_parts
+from .ssd import SelfSpeculativeDrafter
 from .single import SingleModelDrafter, multimodal_view, text_only_view
 from .views import caption_row, multimodal_row, pooled_row, text_only_row
 
@@ -34,6 +36,7 @@ class DrafterPlan:
     name: str
     members: tuple[str, ...]
     adaptive: bool
+    self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
 
     @property
     def needs_draft(self) -> bool:
@@ -46,6 +49,9 @@ class DrafterPlan:
 
 def _letters(name: str, letters: str) -> tuple[str, ...]:
     for letter in letters:
+        if letter == "s":
+            raise InputError(f"drafter '{name}': ssd can't be an ensemble member (ensemble members are rows of the "
+                             f"draft model's batch; ssd drafts with the target's own layers); use --drafter ssd alone")
         if letter not in LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
                              f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or use ar")
@@ -58,6 +64,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
     """Parse a drafter name; one-line InputError for unknown or repeated letters."""
     if name == "ar":
         return DrafterPlan(name, (), adaptive=False)
+    if name == "ssd":
+        return DrafterPlan(name, (), adaptive=False, self_speculative=True)
     if name == "tabed":
         return DrafterPlan(name, tuple(default_members), adaptive=True)
     if name.startswith("tabed:"):
@@ -101,8 +109,11 @@ def build_drafter(
     pool_kernel: int = 2,
     captioner: Captioner | None = None,
     seed: int = 0,
+    ssd_layer: int | None = None,
 ) -> Drafter:
     plan = parse_drafter(name, default_members)
+    if plan.self_speculative:
+        return SelfSpeculativeDrafter(target, ssd_layer)
     if not plan.needs_draft:
         return NoDrafter()
     if draft is None:

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 from ..errors import ModelLoadError
 from ..runner import common_prefix_length, crop_to, same_tensors
+from ..tree import Tree, keep_positions, tree_inputs
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class BatchedRows:
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
         self.head_logits: torch.Tensor | None = None
+        self.tree: Tree | None = None  # a token tree fed after the shared tokens, not settled yet
+        self.tree_tokens: list[int] = []
 
     @property
     def width(self) -> int:
@@ -133,6 +136,7 @@ class BatchedRows:
         the same conversation), the cached heads are kept and those tokens become shared.
         Otherwise the batch is prefilled anew.
         """
+        self._drop_tree()
         same_images = all(same_tensors(_images(r), old) for r, old in zip(rows, self.pixels))
         if len(rows) == self.width and self.width and same_images:
             tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
@@ -179,9 +183,10 @@ class BatchedRows:
     @torch.inference_mode()
     def logits(self, shared: Sequence[int]) -> torch.Tensor:
         """Next-token logits (B, V) of every row after its head and ``shared``."""
+        self._drop_tree()
         keep = common_prefix_length(self.shared, shared)
         if keep == len(shared):  # nothing new to feed
-            if keep == len(self.shared):
+            if keep == len(self.shared) and self.last_logits is not None:
                 return self.last_logits
             if keep == 0:
                 self._rollback(0)
@@ -196,3 +201,43 @@ class BatchedRows:
         ids = torch.tensor([fresh] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
         self.last_logits = self._forward(len(fresh), input_ids=ids)
         return self.last_logits
+
+    # ----------------------------------------------------------------- token trees (tree.py)
+
+    @torch.inference_mode()
+    def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Feed tree nodes (the same tokens to every row) after the shared tokens; logits (B, n, V).
+
+        Each node sees its row's real prefix positions and its own ancestors; its position is
+        the row's own token count plus its depth, so every row computes what it would alone.
+        """
+        if self.tree is None:
+            self.tree = Tree(base=self.mask.shape[1])
+            self.tree_tokens = []
+        nodes = self.tree.add(parents)
+        self.tree_tokens.extend(tokens)
+        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.model.device,
+                                      prefix=self.mask)  # (B, 1, n, L), (B, n)
+        ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=0)
+        return out.logits  # (B, n, V)
+
+    @torch.inference_mode()
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """Settle the tree: the entries of ``nodes`` (one path) become shared tokens of every row."""
+        if self.tree is None:
+            return
+        base = self.tree.base
+        keep_positions(self.cache, base, [base + n for n in nodes])
+        kept = [self.tree_tokens[n] for n in nodes]
+        ones = torch.ones(self.width, len(kept), dtype=torch.long, device=self.mask.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        self.shared = self.shared + kept
+        self.last_logits = None  # the logits after the kept path were not computed
+        self.tree = None
+
+    def _drop_tree(self) -> None:
+        if self.tree is not None:
+            crop_to(self.cache, self.tree.base)
+            self.tree = None

@@ -16,7 +16,7 @@ from ..models import LoadedModel
 from ..prompts import ModelPrompt, process, text_only_ids
 from ..runner import CachedModel
 from ..sampling import TokenPicker
-from .base import Draft, Drafter
+from .base import Draft, Drafter, TreeDraft, first_tokens
 
 PromptView = Callable[[str, Sequence[Any]], ModelPrompt]
 
@@ -52,6 +52,7 @@ class SingleModelDrafter(Drafter):
         self.target_vocab = target_vocab
         self.runner = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
         self.prompt = ModelPrompt(ids=[])
+        self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = self.view(prompt_text, images)
@@ -69,3 +70,30 @@ class SingleModelDrafter(Drafter):
                 dists.append(probs)
             ids.append(token)
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        """Branches as nodes of one token tree in the draft's cache: each step is ONE forward of all
+        branches' newest tokens, each seeing the prefix and its own branch (``tree.py``)."""
+        ids = self.prompt.ids + list(generated)
+        root = fit_vocab(self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1],
+                         self.target_vocab)  # (V,)
+        q_root = None if picker.greedy else picker.distribution(root)
+        firsts = first_tokens(root if q_root is None else q_root, width, picker)
+        branches = [[token] for token in firsts]
+        dists = [[q_root] for _ in firsts]
+        parents = [-1] * len(firsts)
+        for step in range(gamma - 1):
+            logits = fit_vocab(self.runner.tree_logits([b[-1] for b in branches], parents), self.target_vocab)  # (d, V)
+            for j, branch in enumerate(branches):
+                token, probs = picker.choose(logits[j])
+                branch.append(token)
+                dists[j].append(probs)
+            parents = [step * len(branches) + j for j in range(len(branches))]
+        self._tree_shape = (len(branches), gamma - 1)
+        probs = None if picker.greedy else torch.stack([torch.stack(d) for d in dists])  # (d, γ, V)
+        return TreeDraft(branches=branches, probs=probs)
+
+    def keep_branch(self, branch: int, accepted: int) -> None:
+        """Keep the followed branch's accepted tokens in the draft cache (node s·d + j is token s+1 of branch j)."""
+        width, fed = self._tree_shape
+        self.runner.keep_path([s * width + branch for s in range(min(accepted, fed))])

@@ -1,0 +1,128 @@
+"""Running the target over a calibration set for ``mmspec select-layer`` (FastVLM App. A.4).
+
+:func:`layer_confidences` decodes every sample with the target alone (``ar``, the profile's
+decoding settings), then runs one forward per turn over prompt + answer with the hidden
+states of every layer, and sums the confidence max softmax(LM head(final norm(h_l))) over
+the positions that predict the generated tokens (the maths is in :mod:`.layer_select`).
+:func:`measure_layers` runs ``ssd`` at given layers over the same samples and measures what
+the reward only stands in for: block efficiency τ, the latency ratio c and the speedup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .api import ModelSet
+from .bench.samples import Sample, load_sample_images
+from .drafters.ssd import text_decoder
+from .engine import BlockVerified, Generation
+from .layer_select import max_confidence_sums
+from .metrics import RunStats, expected_speedup
+from .prompts import process, render_prompt
+from .runner import to_model
+
+WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Mean confidence C_l per layer over ``positions`` generated positions, and the ``ar`` baseline's timing."""
+
+    confidences: dict[int, float]
+    positions: int
+    samples: int
+    ar: RunStats
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """``ssd`` at ``layer`` on the calibration set: τ, c = T_q / T_p, Eq. (1), and the walltime speedup over ar."""
+
+    layer: int
+    block_efficiency: float
+    latency_ratio: float
+    expected_speedup: float
+    speedup: float
+
+
+def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample]) -> list[tuple[Sample, list, Generation]]:
+    """Decode every sample with ``drafter`` after one short untimed warm-up turn."""
+    decoder = models.decoder(drafter)
+    loaded = [(sample, load_sample_images(sample)) for sample in samples]
+    if loaded:
+        timed = decoder.max_new_tokens
+        decoder.max_new_tokens = min(WARMUP_TOKENS, timed)
+        decoder.generate(loaded[0][1], list(loaded[0][0].turns[:1]))
+        decoder.max_new_tokens = timed
+    return [(sample, images, decoder.generate(images, list(sample.turns))) for sample, images in loaded]
+
+
+@torch.inference_mode()
+def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int]) -> Calibration:
+    """C_l for each of ``layers``, averaged over the generated positions of every turn of every sample."""
+    target = models.target
+    decoder = text_decoder(target.model)
+    head = target.model.get_output_embeddings()
+    sums = dict.fromkeys(layers, 0.0)
+    positions = 0
+    runs = _decode(models, "ar", samples)
+    for sample, images, generation in runs:
+        answers: list[str] = []
+        for turn, result in enumerate(generation.turns):
+            text = render_prompt(target.processor, sample.turns[: turn + 1], answers, len(images))
+            prompt = process(target.processor, text, images)
+            ids = torch.tensor([prompt.ids + result.token_ids], device=target.model.device)  # (1, S)
+            vision = {k: to_model(v, target.model) for k, v in prompt.vision.items()}
+            out = target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, **vision)
+            # the positions whose next token was generated: the prompt's last one and all answer tokens but the last
+            predicting = torch.arange(len(prompt.ids) - 1, ids.shape[1] - 1, device=ids.device)  # (P,)
+            for layer, total in max_confidence_sums(out.hidden_states, predicting, layers, decoder.norm, head).items():
+                sums[layer] += total
+            positions += len(predicting)
+            answers.append(result.text)
+    ar = RunStats.total(g.stats for _, _, g in runs)
+    return Calibration({layer: s / max(positions, 1) for layer, s in sums.items()}, positions, len(runs), ar)
+
+
+def latency_ratio(blocks: Sequence[BlockVerified]) -> float:
+    """c = T_q / T_p: mean time of one draft step over mean time of one verification call.
+
+    The first block of each turn is left out: under ``ssd`` its draft phase holds the target's prefill.
+    """
+    steps = [b.draft_s / len(b.draft) for b in blocks if b.index > 0 and b.draft]
+    verifies = [b.verify_s for b in blocks if b.index > 0 and b.draft]
+    if not steps:
+        return float("nan")
+    return statistics.fmean(steps) / statistics.fmean(verifies)
+
+
+def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int],
+                   ar: RunStats) -> list[LayerMeasurement]:
+    """Run ``ssd`` at each of ``layers`` on ``samples``; τ, c, Eq. (1) and the walltime speedup over ``ar``."""
+    gamma = models.profile.decoding.gamma
+    ar_per_token = ar.wall_s / max(ar.new_tokens, 1)
+    out = []
+    for layer in layers:
+        profile = models.profile
+        models.profile = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer))
+        try:
+            runs = _decode(models, "ssd", samples)
+        finally:
+            models.profile = profile
+        stats = RunStats.total(g.stats for _, _, g in runs)
+        tau = stats.block_efficiency
+        c = latency_ratio([b for _, _, g in runs for t in g.turns for b in t.blocks])
+        per_token = stats.wall_s / max(stats.new_tokens, 1)
+        out.append(LayerMeasurement(layer, tau, c, expected_speedup(tau, gamma, c),
+                                    ar_per_token / per_token if per_token > 0 else float("nan")))
+    return out
+
+
+def best_measured(measurements: Sequence[LayerMeasurement]) -> int:
+    """The layer with the highest measured walltime speedup (ties: the shallower)."""
+    return min(measurements, key=lambda m: (-m.speedup, m.layer)).layer

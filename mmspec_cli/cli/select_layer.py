@@ -1,0 +1,157 @@
+"""``mmspec select-layer``: choose ``ssd.layer`` by FastVLM's reward (App. A.4), optionally checked by measurement.
+
+The maths is in :mod:`mmspec_cli.layer_select`, the model runs in :mod:`mmspec_cli.calibration`;
+this module reads the flags, checks them before any model loads, and prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from mmspec_cli.cli.options import ProfileName, Questions
+from mmspec_cli.errors import InputError
+from mmspec_cli.profiles import Profile, load_profile, profile_to_dict
+
+
+def select_layer(
+    sources: Annotated[list[str] | None, typer.Argument(metavar="SOURCE|IMAGE", show_default=False, help=(
+        "A JSONL manifest, a built-in suite (demo-single, ...) or a dataset id; or image files with -q."))] = None,
+    question: Questions = None,
+    profile: ProfileName = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples only.")] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", metavar="X", help=(
+        "Reward cost per layer, r_l = C_l - X*l (default 1/L)."))] = None,
+    max_layer: Annotated[int | None, typer.Option(metavar="L", help="Consider layers 1..L (default L/2).")] = None,
+    empirical: Annotated[int | None, typer.Option(metavar="K", help=(
+        "Also run ssd at the K best layers by reward and choose by measured speedup."))] = None,
+    write: Annotated[str | None, typer.Option(metavar="PROFILE", help=(
+        "Save a copy of the profile with ssd.layer set to the chosen layer."))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Choose the draft depth of self-speculative drafting (ssd) on a calibration set (FastVLM App. A.4).
+
+    C_l is the target's mean max-softmax confidence, over the generated tokens, when its hidden state after layer l goes through the final norm and LM head. The reward is r_l = C_l - λ·l; the chosen layer maximises it.
+    """
+    from mmspec_cli.layer_select import check_lambda
+
+    if lam is not None:
+        check_lambda(lam)
+    for flag, value in (("--limit", limit), ("--empirical", empirical), ("--max-layer", max_layer)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag}: expected an integer >= 1, got {value}")
+    chosen = load_profile(profile)
+    out_path = _check_write(write, chosen)
+    samples = _samples(sources or [], question or [], limit)
+    result = _run(chosen, samples, lam, max_layer, empirical)
+    if out_path is not None:
+        _write_profile(chosen, result["chosen"], out_path)
+        result["written"] = str(out_path)
+    typer.echo(json.dumps(_finite(result)) if as_json else _report(result), nl=as_json)
+
+
+def _finite(value: Any) -> Any:
+    """NaN (a latency ratio with no timed draft step) becomes null, so the output stays valid JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _check_write(write: str | None, profile: Profile) -> Path | None:
+    if write is None:
+        return None
+    path = Path(write).expanduser()
+    if path.resolve() == Path(profile.source).resolve():
+        raise InputError(f"--write {write} is the profile itself; --write saves a copy, so name another file")
+    if not path.parent.is_dir():
+        raise InputError(f"--write {write}: folder {path.parent} doesn't exist; create it or pick another path")
+    return path
+
+
+def _samples(sources: list[str], questions: list[str], limit: int | None) -> list:
+    """A calibration set: images with -q (one sample), or one SOURCE resolved like ``bench``'s."""
+    from mmspec_cli.bench.samples import Sample, select
+    from mmspec_cli.images import load_images
+
+    if questions:
+        return [Sample(id="input", category="input", turns=tuple(questions), images=tuple(load_images(sources)))]
+    if len(sources) != 1:
+        raise InputError("pass one calibration SOURCE (a manifest, a suite such as demo-single, a dataset id), "
+                         "or image files with -q QUESTION")
+    from mmspec_cli.bench.sources import resolve
+
+    samples = select(resolve(sources[0], limit), limit)
+    if not samples:
+        raise InputError(f"SOURCE {sources[0]} holds no samples; pass a calibration set with at least one")
+    return samples
+
+
+def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | None,
+         empirical: int | None) -> dict[str, Any]:
+    from mmspec_cli import calibration, layer_select
+    from mmspec_cli.api import ModelSet
+    from mmspec_cli.drafters.ssd import layer_count
+
+    models = ModelSet.load(profile, ["ar"])
+    total = layer_count(models.target.model)
+    layers = layer_select.candidate_layers(total, max_layer)
+    lam = layer_select.default_lambda(total) if lam is None else lam
+    calib = calibration.layer_confidences(models, samples, layers)
+    reward = layer_select.rewards(calib.confidences, lam)
+    by_reward = layer_select.choose_layer(reward)
+    result: dict[str, Any] = {
+        "target": profile.target.model, "layers_total": total, "lambda": lam, "samples": calib.samples,
+        "positions": calib.positions,
+        "layers": [{"layer": layer, "confidence": calib.confidences[layer], "reward": reward[layer]}
+                   for layer in layers],
+        "chosen_by_reward": by_reward, "chosen": by_reward,
+    }
+    if empirical:
+        ranked = layer_select.ranked_layers(reward, empirical)
+        measured = calibration.measure_layers(models, samples, ranked, calib.ar)
+        result["empirical"] = [dataclasses.asdict(m) for m in measured]
+        result["gamma"] = profile.decoding.gamma
+        result["chosen_by_measurement"] = result["chosen"] = calibration.best_measured(measured)
+    return result
+
+
+def _write_profile(profile: Profile, layer: int, path: Path) -> None:
+    data = profile_to_dict(dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer)))
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _report(result: dict[str, Any]) -> str:
+    """The plain-text tables: l, C_l, r_l with the chosen layer marked; then the measurements, if any."""
+    lines = [f"target {result['target']}: L = {result['layers_total']} layers, λ = {result['lambda']:.4g}, "
+             f"{result['samples']} samples, {result['positions']} generated positions",
+             f"{'layer':>5}  {'C_l':>7}  {'r_l':>8}"]
+    for row in result["layers"]:
+        mark = "  <- chosen by reward" if row["layer"] == result["chosen_by_reward"] else ""
+        lines.append(f"{row['layer']:>5}  {row['confidence']:>7.4f}  {row['reward']:>8.4f}{mark}")
+    lines.append(f"reward (FastVLM App. A.4): n = argmax C_l - λ·l = {result['chosen_by_reward']}")
+    if "empirical" in result:
+        lines.append(f"ssd measured on the calibration set (γ = {result['gamma']}):")
+        lines.append(f"{'layer':>5}  {'τ':>6}  {'c':>7}  {'Eq.(1)':>7}  {'speedup':>8}")
+        for m in result["empirical"]:
+            mark = "  <- best measured" if m["layer"] == result["chosen_by_measurement"] else ""
+            lines.append(f"{m['layer']:>5}  {m['block_efficiency']:>6.3f}  {m['latency_ratio']:>7.4f}  "
+                         f"{m['expected_speedup']:>6.3f}x  {m['speedup']:>7.3f}x{mark}")
+        if result["chosen_by_measurement"] != result["chosen_by_reward"]:
+            lines.append(f"the choices differ: the reward picks {result['chosen_by_reward']}, the measured speedup "
+                         f"picks {result['chosen_by_measurement']} (the reward is only a proxy); using "
+                         f"{result['chosen_by_measurement']}")
+        else:
+            lines.append(f"the reward's choice {result['chosen_by_reward']} is also the best measured")
+    lines.append(f"chosen: ssd.layer = {result['chosen']}")
+    if "written" in result:
+        lines.append(f"wrote {result['written']} (the profile with ssd.layer: {result['chosen']})")
+    return "\n".join(lines) + "\n"

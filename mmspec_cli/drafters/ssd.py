@@ -1,0 +1,184 @@
+"""Self-speculative drafting, ``ssd`` (FastVLM; Elhoushi et al.'s LayerSkip, Zhang et al.'s draft & verify).
+
+The draft is the target itself, cut short: its first n decoder layers, then its final norm
+and LM head. There is no second model: :func:`early_exit_decoder` builds a decoder module
+whose embedding, first n layers, norm and rotary embedding ARE the target's modules (the
+same parameters), on a config that says n layers. It is built with the model's own class
+on the meta device and then given the target's children through ``nn.Module`` attribute
+assignment; nothing in transformers is patched.
+
+The KV cache, and what is reused:
+
+- The draft reads the target's own KV cache for layers 0..n-1, in place: a transformers
+  ``Cache`` whose layer objects are the first n layers of the target's cache. Keys and values
+  of a token at layer i depend only on layers < i, so the target's entries for the verified
+  context (the prompt with its image features, and every verified token) are exactly what
+  the draft would compute. The draft therefore never prefills, never sees pixels, and holds
+  no cache of its own.
+- The entries the draft writes for the block's new tokens (the last verified token and
+  d_1..d_{γ-1}) are cropped again after drafting, and the target's verification forward
+  recomputes them. That is a choice: verification must run all L layers on those tokens in
+  one standard forward, which cannot start at layer n with given hidden states without
+  transformers internals; recomputing costs n/L of the layer work of one verification
+  forward. It also keeps the target's cache made only by the target's own forward calls,
+  so greedy output stays token-for-token the target's ``generate`` (a token run alone and
+  the same token run in a batch of γ+1 can differ in the last bits).
+
+``ssd`` cannot be an ensemble member (``tabed:ms``): ensemble members are rows of ONE batched
+forward of the draft model, and ``ssd`` runs a different network (the target's layers, at the
+target's width) over a different cache (the target's). Mixing it in would add a second,
+sequential forward of n target layers per draft step and would need the draft model in
+memory as well, which is what ``ssd`` exists to avoid.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from ..errors import InputError, ModelLoadError
+from ..models import LoadedModel
+from ..prompts import ModelPrompt, process
+from ..runner import CachedModel, crop_to
+from ..tree import Tree, tree_inputs
+from ..sampling import TokenPicker
+from .base import Draft, Drafter, TreeDraft, first_tokens
+
+
+def text_decoder(model: Any) -> Any:
+    """The decoder stack (embeddings, layers, norm) of an image-text-to-text model."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        raise ModelLoadError(f"self-speculative drafting needs a decoder with a `layers` list; "
+                             f"{type(model).__name__} has none; use another drafter")
+    return decoder
+
+
+def layer_count(model: Any) -> int:
+    return len(text_decoder(model).layers)
+
+
+def require_layer(layer: int | None) -> int:
+    """``ssd.layer`` must be set; the message says how to choose it."""
+    if layer is None:
+        raise InputError("drafter 'ssd' needs ssd.layer (how many of the target's layers draft); run "
+                         "`mmspec select-layer --profile P --write P2` to choose it, or pass --ssd-layer N")
+    return layer
+
+
+def check_layer(layer: int | None, total: int) -> int:
+    """``ssd.layer`` must be set and in [1, L-1]; one line saying how to fix it otherwise."""
+    layer = require_layer(layer)
+    if not 1 <= layer <= total - 1:
+        raise InputError(f"ssd.layer {layer} is outside [1, {total - 1}] (the target has {total} decoder layers); "
+                         f"pick a layer in that range, e.g. with `mmspec select-layer`")
+    return layer
+
+
+def early_exit_decoder(model: Any, layers: int) -> torch.nn.Module:
+    """A decoder made of the target's embedding, first ``layers`` layers, final norm and rotary embedding.
+
+    Shares every parameter with ``model``; its forward returns normed hidden states after layer ``layers``.
+    """
+    decoder = text_decoder(model)
+    config = copy.deepcopy(decoder.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:layers]
+    with torch.device("meta"):
+        view = type(decoder)(config)  # an empty shell: every child is replaced below
+    for name, child in decoder.named_children():
+        setattr(view, name, torch.nn.ModuleList(list(child)[:layers]) if name == "layers" else child)
+    leftovers = [n for n, t in [*view.named_parameters(), *view.named_buffers()] if t.is_meta]
+    if leftovers:
+        raise ModelLoadError(f"self-speculative drafting can't share {type(decoder).__name__}'s "
+                             f"{leftovers[0]}; use another drafter")
+    return view.eval()
+
+
+def shared_layers(cache: Cache, layers: int) -> Cache:
+    """A ``Cache`` over the first ``layers`` layer objects of ``cache``: writes through it land in ``cache``."""
+    return Cache(layers=list(cache.layers[:layers]))
+
+
+class SelfSpeculativeDrafter(Drafter):
+    """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache."""
+
+    name = "ssd"
+
+    def __init__(self, target: LoadedModel, layer: int):
+        self.target = target
+        self.layer = check_layer(layer, layer_count(target.model))
+        self.decoder = early_exit_decoder(target.model, self.layer)
+        self.head = target.model.get_output_embeddings()
+        self.runner: CachedModel | None = None
+        self.prompt = ModelPrompt(ids=[])
+        self.prefilled = False
+
+    def bind_target(self, runner: CachedModel) -> None:
+        self.runner = runner
+
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        self.prompt = process(self.target.processor, prompt_text, images)
+        self.prefilled = False
+
+    def _start(self, generated: Sequence[int]) -> tuple[list[int], int, Cache]:
+        """The verified ids, the cached context length, and the draft's view of the target's cache."""
+        runner = self.runner
+        if runner is None:
+            raise RuntimeError("SelfSpeculativeDrafter needs bind_target(runner) before propose")
+        verified = self.prompt.ids + list(generated)
+        context = len(verified) - 1  # the last verified token is fed by the draft (and again by verification)
+        if not self.prefilled:  # a new turn: the target encodes the prompt (reusing what its cache still holds)
+            runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
+            self.prefilled = True
+        runner.truncate(context)
+        return verified, context, shared_layers(runner.cache, self.layer)
+
+    def _logits(self, cache: Cache, tokens: Sequence[int], **tree) -> torch.Tensor:
+        """Logits (n, V) of the early exit for ``tokens`` fed after ``cache`` (``tree``: mask and positions)."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.runner.device)  # (1, n)
+        hidden = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # (1, n, H)
+        return self.head(hidden[0])  # (n, V)
+
+    @torch.inference_mode()
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        verified, context, cache = self._start(generated)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        feed = verified[-1]
+        for _ in range(gamma):
+            feed, probs = picker.choose(self._logits(cache, [feed])[-1])
+            tokens.append(feed)
+            if probs is not None:
+                dists.append(probs)
+        crop_to(cache, context)  # layers 0..n-1 back to the verified context: verification recomputes the block
+        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        """All branches in each draft forward, as nodes of one token tree (``tree.py``) in the shared layers."""
+        verified, context, cache = self._start(generated)
+        root = self._logits(cache, [verified[-1]])[-1]  # (V,)
+        q_root = None if picker.greedy else picker.distribution(root)
+        firsts = first_tokens(root if q_root is None else q_root, width, picker)
+        branches = [[token] for token in firsts]
+        dists = [[q_root] for _ in firsts]
+        tree = Tree(base=context + 1)
+        parents = [-1] * len(firsts)
+        for _ in range(gamma - 1):
+            nodes = tree.add(parents)
+            mask, positions = tree_inputs(tree, nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, L), (1, n)
+            logits = self._logits(cache, [b[-1] for b in branches], attention_mask=mask, position_ids=positions)
+            for j, branch in enumerate(branches):
+                token, probs = picker.choose(logits[j])
+                branch.append(token)
+                dists[j].append(probs)
+            parents = nodes
+        crop_to(cache, context)  # as in propose: verification recomputes the block
+        probs = None if picker.greedy else torch.stack([torch.stack(d) for d in dists])  # (d, γ, V)
+        return TreeDraft(branches=branches, probs=probs)

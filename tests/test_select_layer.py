@@ -1,0 +1,146 @@
+"""``mmspec select-layer``: FastVLM App. A.4's reward, on a tiny model whose confidence jumps at a known layer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import LlavaForConditionalGeneration
+from typer.testing import CliRunner
+
+from mmspec_cli import tiny
+from mmspec_cli.cli.app import app
+from mmspec_cli.errors import InputError
+from mmspec_cli.layer_select import candidate_layers, check_lambda, choose_layer, ranked_layers, rewards
+from mmspec_cli.profiles import load_profile
+
+from .helpers import save_images
+from .test_cli import assert_one_line_error
+
+LAYERS = 8
+JUMP = 3  # the confidence is flat (1/V) after layers 1 and 2, and high from layer 3 on
+QUESTION = "what is in the image?"
+
+runner = CliRunner()
+
+
+def test_reward_and_choice_follow_fastvlm():
+    confidences = {1: 0.20, 2: 0.50, 3: 0.55, 4: 0.90}
+    reward = rewards(confidences, 0.1)
+    assert reward == pytest.approx({1: 0.10, 2: 0.30, 3: 0.25, 4: 0.50})
+    assert choose_layer(reward) == 4
+    assert choose_layer(rewards(confidences, 0.2)) == 2  # a dearer layer: shallower wins (0.1, 0.3, 0.25, 0.1)
+    assert choose_layer({1: 0.5, 2: 0.5}) == 1  # ties go to the shallower layer
+    assert ranked_layers(reward, 2) == [4, 2]
+    assert candidate_layers(32) == list(range(1, 17))
+    assert candidate_layers(8, 7) == list(range(1, 8))
+    with pytest.raises(InputError, match="--max-layer: expected an integer between 1 and 7"):
+        candidate_layers(8, 8)
+    with pytest.raises(InputError, match="--lambda: expected a number >= 0"):
+        check_lambda(-0.1)
+
+
+def jump_model(vocab: int, seed: int = 0) -> LlavaForConditionalGeneration:
+    """Layers other than JUMP write nothing to the residual stream (zero output projections); the
+    embeddings are tiny against the norm's epsilon, so the final norm and LM head see ~0 and give a
+    flat distribution; layer JUMP (its norms scaled up) writes a full-size vector, and the sharp LM
+    head turns it into a confident one. So C_1 = C_2 ≈ 1/V and C_l ≈ 0.9 for l ≥ JUMP."""
+    torch.manual_seed(seed)
+    config = tiny.make_config(vocab, layers=LAYERS)
+    config.text_config.rms_norm_eps = 1e-2
+    model = LlavaForConditionalGeneration(config).to(torch.float64)
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(100.0)
+        decoder.embed_tokens.weight.mul_(1e-4)
+        for index, layer in enumerate(decoder.layers):
+            if index + 1 == JUMP:
+                layer.input_layernorm.weight.mul_(1e5)
+                layer.post_attention_layernorm.weight.mul_(1e5)
+            else:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 3
+    return model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("select")
+    tokenizer = tiny.train_tokenizer()
+    path = tiny.save(jump_model(len(tokenizer)), tiny.make_processor(tokenizer), root / "jump")
+    profile = root / "jump.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": path, "dtype": "float64", "device": "cpu"},
+                                       "decoding": {"gamma": 3, "max_new_tokens": 6}}))
+    return {"root": root, "profile": str(profile), "images": save_images(root, 1), "vocab": len(tokenizer)}
+
+
+def select(files, *args):
+    result = runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+                                 "--json", *args])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_reward_picks_the_layer_where_confidence_jumps(files):
+    out = select(files)
+    assert out["layers_total"] == LAYERS and out["lambda"] == pytest.approx(1 / LAYERS)
+    confidence = {row["layer"]: row["confidence"] for row in out["layers"]}
+    assert list(confidence) == [1, 2, 3, 4]  # l ≤ L/2
+    assert confidence[1] == pytest.approx(1 / files["vocab"], rel=1e-2) and confidence[1] == confidence[2]
+    assert confidence[JUMP] > 0.5 and confidence[4] == pytest.approx(confidence[JUMP])
+    for row in out["layers"]:
+        assert row["reward"] == pytest.approx(row["confidence"] - row["layer"] / LAYERS)
+    assert out["chosen"] == out["chosen_by_reward"] == JUMP
+
+
+def test_lambda_and_max_layer_move_the_choice(files):
+    assert select(files, "--lambda", "1")["chosen"] == 1  # every layer costs more than any confidence gain
+    assert select(files, "--max-layer", "2")["chosen"] == 1  # flat confidence: the shallower layer
+    assert select(files, "--lambda", "0", "--max-layer", "7")["chosen"] == JUMP
+
+
+def test_empirical_runs_ssd_and_write_saves_a_copy(files):
+    written = files["root"] / "chosen.yaml"
+    out = select(files, "--empirical", "2", "--write", str(written))
+    assert [m["layer"] for m in out["empirical"]] == [JUMP, 4]  # the two best rewards
+    for m in out["empirical"]:
+        assert 1 <= m["block_efficiency"] <= out["gamma"] + 1
+        assert m["latency_ratio"] > 0 and m["expected_speedup"] > 0 and m["speedup"] > 0
+    assert out["chosen"] == out["chosen_by_measurement"] in (JUMP, 4)
+    assert load_profile(str(written)).ssd.layer == out["chosen"]
+    assert load_profile(files["profile"]).ssd.layer is None  # the profile itself is untouched
+
+
+def test_plain_output_marks_the_chosen_layer(files):
+    result = runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile", files["profile"]])
+    assert result.exit_code == 0, result.stderr
+    [marked] = [line for line in result.stdout.splitlines() if "<- chosen by reward" in line]
+    assert marked.split()[0] == str(JUMP)
+    assert f"chosen: ssd.layer = {JUMP}" in result.stdout
+
+
+def test_a_suite_is_a_calibration_set(files):
+    result = runner.invoke(app, ["select-layer", "demo-single", "--limit", "1", "--profile", files["profile"], "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["samples"] == 1
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--lambda", "-0.5"], "--lambda: expected a number >= 0"),
+    (["--max-layer", "8"], "--max-layer: expected an integer between 1 and 7"),
+    (["--empirical", "0"], "--empirical: expected an integer >= 1"),
+])
+def test_bad_flags_are_one_line(files, args, fragment):
+    result = runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile", files["profile"], *args])
+    assert_one_line_error(result, fragment)
+
+
+def test_bad_sources_are_one_line(files):
+    assert_one_line_error(runner.invoke(app, ["select-layer", "--profile", files["profile"]]),
+                          "pass one calibration SOURCE")
+    assert_one_line_error(runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile",
+                                              files["profile"], "--write", files["profile"]]), "is the profile itself")

@@ -1,0 +1,143 @@
+"""Self-speculative drafting (``ssd``): the target's first n layers draft over the target's own cache."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mmspec_cli import tiny
+from mmspec_cli.cli.app import app
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
+from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.errors import InputError, ProfileError
+from mmspec_cli.profiles import apply_overrides, profile_from_dict
+from mmspec_cli.prompts import process, render_prompt
+from mmspec_cli.sampling import TokenPicker
+
+from .conftest import load
+from .helpers import save_images, write_profile
+from .test_cli import assert_one_line_error
+from .test_engine_greedy import FOLLOW_UP, QUESTION, reference
+from .test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory, tiny_dirs):
+    """A 4-layer tiny target with the shared tokenizer, saved and loaded like any model."""
+    root = tmp_path_factory.mktemp("ssd")
+    tokenizer = tiny.train_tokenizer()
+    path = tiny.save(tiny.make_model(len(tokenizer), seed=5, layers=LAYERS), tiny.make_processor(tokenizer),
+                     root / "deep")
+    return load(path, "target")
+
+
+def decode(target, layer, gamma=3, n_images=1, questions=(QUESTION,), max_new_tokens=24, **kwargs):
+    decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=layer), gamma=gamma,
+                                 max_new_tokens=max_new_tokens, **kwargs)
+    return decoder, decoder.generate(tiny.images(n_images), list(questions))
+
+
+@pytest.mark.parametrize("layer", [1, 2, 3])
+@pytest.mark.parametrize("gamma, n_images", [(1, 1), (3, 0), (3, 2), (5, 1)])
+def test_greedy_equals_target_generate(deep, layer, gamma, n_images):
+    _, generation = decode(deep, layer, gamma=gamma, n_images=n_images)
+    assert generation.turns[0].token_ids == reference(deep, [QUESTION], [], n_images)
+
+
+def test_two_turns_equal_target_generate(deep):
+    _, generation = decode(deep, 2, questions=(QUESTION, FOLLOW_UP))
+    first = generation.turns[0]
+    assert first.token_ids == reference(deep, [QUESTION], [], 1)
+    assert generation.turns[1].token_ids == reference(deep, [QUESTION, FOLLOW_UP], [first.text], 1)
+
+
+def early_exit_greedy(target, layer, ids, vision, steps):
+    """Reference draft: argmax of LM head(final norm(hidden state after `layer`)), full forward each step, no cache."""
+    tokens = []
+    for _ in range(steps):
+        with torch.no_grad():
+            out = target.model(input_ids=torch.tensor([ids + tokens]), output_hidden_states=True, **vision)
+        hidden = out.hidden_states[layer][0, -1]  # transformers gives the last layer's output already normed
+        hidden = target.model.get_decoder().norm(hidden) if layer < len(out.hidden_states) - 1 else hidden
+        logits = target.model.get_output_embeddings()(hidden)
+        tokens.append(int(logits.argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("layer", [1, 3])
+def test_draft_is_the_targets_first_layers(deep, layer):
+    text = render_prompt(deep.processor, [QUESTION], [], 1)
+    prompt = process(deep.processor, text, tiny.images(1))
+    vision = {k: v.to(deep.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
+    decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer), gamma=4, max_new_tokens=24)
+    drafter = decoder.drafter
+    drafter.begin_turn(text, tiny.images(1))
+    draft = drafter.propose([], 4, TokenPicker(decoder.sampling))
+    assert draft.tokens == early_exit_greedy(deep, layer, prompt.ids, vision, 4)
+    # the draft's entries were cropped again: every layer of the target's cache holds the same positions
+    lengths = {layer_cache.get_seq_length() for layer_cache in decoder.runner.cache.layers}
+    assert lengths == {len(prompt.ids) - 1} and len(decoder.runner.ids) == len(prompt.ids) - 1
+    generated = early_exit_greedy(deep, LAYERS, prompt.ids, vision, 2)  # the target's own next tokens
+    assert drafter.propose(generated, 3, TokenPicker(decoder.sampling)).tokens == early_exit_greedy(
+        deep, layer, prompt.ids + generated, vision, 3)
+
+
+def test_no_second_model_in_memory(deep):
+    drafter = build_drafter("ssd", deep, None, ssd_layer=2)
+    assert isinstance(drafter, SelfSpeculativeDrafter)
+    target_tensors = {p.data_ptr() for p in deep.model.parameters()}
+    assert {p.data_ptr() for p in drafter.decoder.parameters()} <= target_tensors
+    assert len(drafter.decoder.layers) == 2
+    assert drafter.decoder.layers[1] is deep.model.get_decoder().layers[1]
+
+
+def test_sampled_pairs_follow_the_target_distribution(tiny_models):
+    target = tiny_models["target"]  # 2 layers: the draft is layer 0 + norm + head
+    joint = exact_joint(target)
+    decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=1), gamma=2, max_new_tokens=3,
+                                 sampling=PARAMS)
+    counts: Counter = Counter()
+    accepted = 0
+    for seed in range(RUNS):
+        decoder.seed = seed
+        turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
+        counts[tuple(turn.token_ids[:2])] += 1
+        accepted += turn.stats.accepted
+    assert accepted > 0  # the draft is right sometimes, so the acceptance branch is exercised
+    assert chi_square_p_value(counts, joint, RUNS) > 1e-3
+
+
+def test_layer_outside_the_range_is_refused(deep):
+    with pytest.raises(InputError, match=r"ssd.layer 4 is outside \[1, 3\]"):
+        build_drafter("ssd", deep, None, ssd_layer=4)
+    with pytest.raises(InputError, match="run `mmspec select-layer"):
+        build_drafter("ssd", deep, None, ssd_layer=None)
+    with pytest.raises(InputError, match="ssd can't be an ensemble member"):
+        build_drafter("tabed:ms", deep, None)
+
+
+def test_profile_key_and_flag():
+    profile = profile_from_dict({"target": {"model": "x"}, "ssd": {"layer": 3}})
+    assert profile.ssd.layer == 3
+    assert apply_overrides(profile, ssd_layer=5).ssd.layer == 5
+    with pytest.raises(ProfileError, match="ssd.layer: expected an integer >= 1, got 0"):
+        profile_from_dict({"target": {"model": "x"}, "ssd": {"layer": 0}})
+    with pytest.raises(ProfileError, match="--ssd-layer: expected an integer >= 1, got 0"):
+        apply_overrides(profile, ssd_layer=0)
+
+
+def test_cli_errors_are_one_line(tiny_dirs, tmp_path):
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=4)
+    [image] = save_images(tmp_path, 1)
+    runner = CliRunner()
+    args = ["generate", image, "-q", QUESTION, "--profile", profile, "--drafter", "ssd"]
+    assert_one_line_error(runner.invoke(app, args), "run `mmspec select-layer")
+    assert_one_line_error(runner.invoke(app, [*args, "--ssd-layer", "2"]), "ssd.layer 2 is outside [1, 1]")
+    result = runner.invoke(app, [*args, "--ssd-layer", "1", "--json"])
+    assert result.exit_code == 0, result.stderr
