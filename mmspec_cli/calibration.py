@@ -104,7 +104,6 @@ def latency_ratio(blocks: Sequence[BlockVerified]) -> float:
 def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int],
                    ar: RunStats) -> list[LayerMeasurement]:
     """Run ``ssd`` at each of ``layers`` on ``samples``; τ, c, Eq. (1) and the walltime speedup over ``ar``."""
-    gamma = models.profile.decoding.gamma
     ar_per_token = ar.wall_s / max(ar.new_tokens, 1)
     out = []
     for layer in layers:
@@ -116,7 +115,10 @@ def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence
             models.profile = profile
         stats = RunStats.total(g.stats for _, _, g in runs)
         tau = stats.block_efficiency
-        c = latency_ratio([b for _, _, g in runs for t in g.turns for b in t.blocks])
+        blocks = [b for _, _, g in runs for t in g.turns for b in t.blocks]
+        c = latency_ratio(blocks)
+        drafted = [len(b.draft) for b in blocks if b.draft]  # the γ actually drafted (schedules change it)
+        gamma = statistics.fmean(drafted) if drafted else models.profile.decoding.gamma
         per_token = stats.wall_s / max(stats.new_tokens, 1)
         out.append(LayerMeasurement(layer, tau, c, expected_speedup(tau, gamma, c),
                                     ar_per_token / per_token if per_token > 0 else float("nan")))

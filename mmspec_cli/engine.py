@@ -137,8 +137,9 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.gamma_schedule = check_schedule(gamma_schedule)
         self.tree_width = check_tree_width(tree_width)
-        if tree_width > 1 and not isinstance(drafter, NoDrafter):
-            check_tree_support(target.model)
+        if tree_width > 1 and not isinstance(drafter, NoDrafter):  # `ar` drafts nothing: its tree width is moot
+            for model in (target.model, *drafter.models()):
+                check_tree_support(model)
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.seed = seed

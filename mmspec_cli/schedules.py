@@ -4,8 +4,8 @@
 - ``heuristic``: transformers' assisted-generation rule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 after a block whose draft was accepted in full, −1 otherwise. Here it
   starts each turn at the profile's γ and stays within [1, γ_max] with γ_max = the profile's
-  γ, so ``decoding.gamma`` is the most a block ever drafts under every schedule.
-  (transformers has no upper bound and keeps the length across calls.)
+  γ, so under ``heuristic`` ``decoding.gamma`` is the most a block drafts (``fastvlm`` grows
+  beyond it). (transformers has no upper bound and keeps the length across calls.)
 - ``fastvlm``: FastVLM Eq. (5), a draft length that grows with the context length,
       d(t) = d(0) + ⌊10 · σ(0.01 · (t − ⌊N/2⌋))⌋,
   where t is the current context length (prompt plus generated tokens: FastVLM counts the
@@ -68,9 +68,6 @@ class GammaSchedule:
 
     def __post_init__(self) -> None:
         check_schedule(self.name)
-        self.current = self.gamma
-
-    def start_turn(self) -> None:
         self.current = self.gamma
 
     def length(self, context: int) -> int:

@@ -42,8 +42,6 @@ def test_schedule_state_per_turn():
     assert schedule.length(10) == 3
     schedule.update(drafted=3, accepted=3)
     assert schedule.length(10) == 4  # +2 capped at γ = 4
-    schedule.start_turn()
-    assert schedule.current == 4
     assert GammaSchedule("constant", 4).length(10**6) == 4
     assert GammaSchedule("fastvlm", 4, max_length=100).length(50) == 9
 

@@ -46,6 +46,9 @@ def _root(
     ] = False,
 ) -> None:
     """Lossless speculative decoding for vision-language models (LLaVA family)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers' "Loading weights" bars are noise on the CLI's stderr
 
 
 _register(generate)

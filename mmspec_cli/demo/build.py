@@ -23,6 +23,7 @@ from .train import (
     build_model,
     build_processor,
     encode,
+    fact_token_ids,
     freeze_vision,
     language_model_parameters,
     pretrain_vision,
@@ -54,6 +55,7 @@ class BuildPlan:
     draft_stage: Stage = Stage(steps=1500, batch_size=16, lr=3e-3)
     draft_max_images: int = 2  # the draft sees only samples with at most this many images (TABED's drafts)
     draft_text_only_share: float = 0.5  # extra text-only copies of the draft's samples (its "text pretraining")
+    fact_weight: float = 4.0  # loss weight of fact words (colours, kinds, sizes, positions, counts); others 1
     seed: int = 0
     threads: int = 1  # torch intra-op threads; results are reproducible for a fixed value
 
@@ -97,6 +99,8 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
     processor = build_processor(samples, plan.vocab_size, plan.image_size, plan.patch_size)
     vocab = len(processor.tokenizer)
     pad = processor.tokenizer.pad_token_id
+    weights = torch.ones(vocab)
+    weights[fact_token_ids(processor.tokenizer)] = plan.fact_weight
     lap("tokenizer")
 
     target = build_model(plan.target, vocab, plan.image_size, plan.patch_size, seed=plan.seed)
@@ -112,9 +116,11 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
     report.language_model_parameters = {"target": language_model_parameters(target),
                                          "draft": language_model_parameters(draft)}
 
-    examples = [e for s in samples for e in encode(processor, s, plan.render_size)]
+    encoded = [encode(processor, s, plan.render_size) for s in samples]
+    examples = [e for per_sample in encoded for e in per_sample]
     small = [s for s in samples if len(s.images) <= plan.draft_max_images]
-    draft_examples = [e for s in small for e in encode(processor, s, plan.render_size)]
+    draft_examples = [e for s, per_sample in zip(samples, encoded) if len(s.images) <= plan.draft_max_images
+                      for e in per_sample]
     k = round(plan.draft_text_only_share * len(small))
     draft_examples += [e for s in small[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
     lap("encode")
@@ -131,14 +137,14 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
 
     stage = plan.target_stage
     losses = train(target, examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
-                   progress("target", stage.steps, target))
+                   progress("target", stage.steps, target), weights)
     report.final_loss["target"] = round(_mean_tail(losses), 4)
     lap("target")
     if probe is not None:
         probe("target final", target, processor)
     stage = plan.draft_stage
     losses = train(draft, draft_examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
-                   progress("draft", stage.steps, draft))
+                   progress("draft", stage.steps, draft), weights)
     report.final_loss["draft"] = round(_mean_tail(losses), 4)
     lap("draft")
 

@@ -21,8 +21,8 @@ from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForCon
 
 from .. import tiny
 from ..prompts import render_prompt, text_only_ids
-from .scenes import COLOURS, KINDS, SIZES, Scene, random_scene, render
-from .tasks import CAPTION_QUESTION, Sample
+from .scenes import COLOURS, COLUMNS, KINDS, PLURALS, ROWS, SIZES, Scene, random_scene, render
+from .tasks import CAPTION_QUESTION, NUMBER_WORDS, Sample
 
 IGNORE = -100  # label of positions that are not learned (prompt, padding)
 
@@ -199,9 +199,43 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict:
             "pixel_values": torch.cat(pixels) if pixels else None}
 
 
+#: Words that carry the facts of a scene: learning them is learning to look at the image.
+FACT_WORDS: frozenset[str] = frozenset(
+    [*COLOURS, *KINDS, *PLURALS.values(), *SIZES, *ROWS, *COLUMNS, "center", *NUMBER_WORDS])
+
+
+def fact_token_ids(tokenizer) -> list[int]:
+    """Ids of the tokens that spell a fact word whole (with or without a leading space, any case)."""
+    ids = set()
+    for word in FACT_WORDS:
+        for form in (word, word.capitalize()):
+            for text in (form, " " + form):
+                encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+                if len(encoded) == 1:
+                    ids.add(encoded[0])
+    return sorted(ids)
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, each target token weighted by ``weights[token]``; mean over weight.
+
+    logits (B, T, V) predict labels shifted by one; IGNORE labels count for nothing.
+    """
+    shift_logits, shift_labels = logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()
+    keep = shift_labels != IGNORE
+    per_token = torch.nn.functional.cross_entropy(shift_logits[keep], shift_labels[keep], reduction="none")
+    w = weights[shift_labels[keep]]
+    return (per_token * w).sum() / w.sum()
+
+
 def train(model, examples: Sequence[Example], steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
-          log: Callable[[int, float], None] = lambda step, loss: None) -> list[float]:
-    """AdamW with linear warm-up and cosine decay; returns the loss of every step."""
+          log: Callable[[int, float], None] = lambda step, loss: None,
+          token_weights: torch.Tensor | None = None) -> list[float]:
+    """AdamW with linear warm-up and cosine decay; returns the loss of every step.
+
+    ``token_weights`` (vocabulary-sized), if given, weights each learned token's loss: the demo
+    build puts more weight on fact words (:func:`fact_token_ids`) so grounding is learned sooner.
+    """
     rng = random.Random(seed)
     torch.manual_seed(seed)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -216,7 +250,12 @@ def train(model, examples: Sequence[Example], steps: int, batch_size: int, lr: f
         if len(order) < batch_size:
             order += rng.sample(range(len(examples)), len(examples))
         batch, order = [examples[i] for i in order[:batch_size]], order[batch_size:]
-        loss = model(**collate(batch, pad_id)).loss
+        inputs = collate(batch, pad_id)
+        if token_weights is None:
+            loss = model(**inputs).loss
+        else:
+            labels = inputs.pop("labels")
+            loss = weighted_loss(model(**inputs).logits, labels, token_weights)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

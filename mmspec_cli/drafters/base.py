@@ -83,6 +83,10 @@ class Drafter(ABC):
     def keep_branch(self, branch: int, accepted: int) -> None:
         """After a tree block: the target followed ``branch`` and accepted its first ``accepted`` tokens."""
 
+    def models(self) -> list[Any]:
+        """The draft-side models this drafter runs forwards of (checked for token-tree support)."""
+        return []
+
     def bind_target(self, runner: Any) -> None:
         """Receive the engine's target :class:`~mmspec_cli.runner.CachedModel`; ``ssd`` drafts over its cache."""
 

@@ -51,6 +51,9 @@ class EnsembleDrafter(Drafter):
         self._branch_q: torch.Tensor | None = None  # (d, γ, m, V) the same for each branch of a tree block
         self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
 
+    def models(self) -> list[Any]:
+        return [self.rows.model]
+
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prefix = self.rows.begin([view(prompt_text, images) for view in self.views])
         self.policy.reset()

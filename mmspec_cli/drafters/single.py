@@ -54,6 +54,9 @@ class SingleModelDrafter(Drafter):
         self.prompt = ModelPrompt(ids=[])
         self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
 
+    def models(self) -> list[Any]:
+        return [self.runner.model]
+
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = self.view(prompt_text, images)
 
