@@ -67,6 +67,15 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def second_turns(records: Path) -> dict[str, float | None]:
+    """drafter -> block efficiency τ over the second turns of demo-followup (bench's own summary maths)."""
+    from mmspec_cli.bench.summary import summarize
+
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    follow = [r for r in rows if r.get("category") == "demo-followup" and r.get("turn") == 1]
+    return {r.drafter: r.block_efficiency for r in summarize(follow).rows if r.category == "demo-followup"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for the JSONL records (default: a temp dir)")
@@ -100,6 +109,10 @@ def main() -> None:
     for d in DRAFTERS[1:]:
         print(f"{d:<12}" + "".join(f"{fmt(speedup.get(s, {}).get(d)) + ' (' + fmt(eq1.get(s, {}).get(d)) + ')':>15}"
                                    for s in SUITES))
+
+    second = second_turns(records)
+    print("\ndemo-followup, second turns only (TABED Table 1 reports second turns apart): τ")
+    print("  " + ", ".join(f"{d} {fmt(second.get(d))}" for d in DRAFTERS))
 
     verdicts = []
 

@@ -2,6 +2,7 @@
 
     python scripts/train_demo.py                  # writes mmspec_cli/shipped/demo-{target,draft}
     python scripts/train_demo.py --out /tmp/demo  # somewhere else
+    python scripts/train_demo.py --target-from mmspec_cli/shipped   # retrain only the draft
 
 Deterministic: fixed seeds, one torch thread, deterministic algorithms. The measured time of
 each stage goes to ``<out>/training.json`` beside the weights.
@@ -21,6 +22,8 @@ from mmspec_cli.models import shipped_models_dir
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(shipped_models_dir()), help="folder for demo-target/ and demo-draft/")
+    parser.add_argument("--target-from", default=None, metavar="DIR",
+                        help="reuse DIR/demo-target (built by this script) and train only the draft")
     parser.add_argument("--probe", type=int, default=0, metavar="N",
                         help="every 400 steps, print the target's score on N held-out colour/count questions")
     args = parser.parse_args()
@@ -33,7 +36,8 @@ def main() -> None:
             right = sum(answer_correct(a, q.expected) for a, q in zip(answer_questions(model, processor, questions), questions))
             print(f"{name}: {right}/{len(questions)} held-out colour/count answers right", flush=True)
 
-    report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe)
+    report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe,
+                   target_from=args.target_from)
     print(f"done in {time.perf_counter() - start:.0f} s; language-model parameters {report.language_model_parameters}; "
           f"final loss {report.final_loss}; vision patch accuracy {report.vision_patch_accuracy:.3f}")
 

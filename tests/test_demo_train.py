@@ -114,3 +114,24 @@ def test_vision_pretraining_learns_what_and_where():
     freeze_vision(model)
     assert not any(p.requires_grad for p in model.model.vision_tower.parameters())
     assert all(p.requires_grad for p in model.model.multi_modal_projector.parameters())
+
+
+def test_the_draft_never_sees_a_story_and_first_turns_only_keep_images():
+    from dataclasses import replace
+
+    from mmspec_cli.demo.build import BuildPlan, draft_corpus
+
+    samples = [tasks.make_sample(f, s) for f in ("single", "followup", "story", "pair") for s in range(2)]
+    processor = build_processor(samples, vocab_size=400, image_size=IMAGE, patch_size=PATCH)
+    encoded = [encode(processor, s, IMAGE) for s in samples]
+    plan = replace(BuildPlan(), image_size=IMAGE, patch_size=PATCH, render_size=IMAGE, draft_text_only_share=1.0,
+                   draft_multimodal_turns="all")
+    every_turn = draft_corpus(plan, processor, samples, encoded)
+    first_only = draft_corpus(replace(plan, draft_multimodal_turns="first"), processor, samples, encoded)
+    stories = {len(e.input_ids) for s, per in zip(samples, encoded) if s.family == "story" for e in per}
+    for corpus in (every_turn, first_only):
+        assert all(e.pixel_values is None or e.pixel_values.shape[0] <= 2 for e in corpus)
+        assert not stories & {len(e.input_ids) for e in corpus if e.pixel_values is not None}
+    with_images = lambda corpus: sum(e.pixel_values is not None for e in corpus)  # noqa: E731
+    assert with_images(every_turn) == 8 and with_images(first_only) == 6  # 6 samples; 2 followups have 2 turns
+    assert len(every_turn) - with_images(every_turn) == 8  # text-only copies of every turn

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoProcessor, LlavaForConditionalGeneration
 
 from . import tasks
+from .tasks import Sample
 from .scenes import DISPLAY_SIZE
 from .train import (
+    Example,
     ModelSize,
     build_model,
     build_processor,
@@ -43,7 +46,9 @@ class Stage:
 class BuildPlan:
     """Everything that decides the shipped weights. The defaults are what ships."""
 
-    corpus_size: int = 6000  # training samples, all families (tasks.TRAINING_WEIGHTS)
+    corpus_size: int = 12000  # training samples, all families mixed by ``family_weights``
+    family_weights: tuple[tuple[str, float], ...] = (
+        ("single", 45), ("pair", 15), ("story", 8), ("followup", 20), ("caption", 12))
     vocab_size: int = 1200
     image_size: int = 48  # the processor's input size
     patch_size: int = 16  # 3x3 patches: one per grid cell
@@ -51,11 +56,12 @@ class BuildPlan:
     target: ModelSize = ModelSize(hidden=144, layers=8, heads=4, vision_hidden=64, vision_layers=2)
     draft: ModelSize = ModelSize(hidden=64, layers=2, heads=2, vision_hidden=64, vision_layers=2)
     vision: Stage = Stage(steps=150, batch_size=32, lr=3e-3)
-    target_stage: Stage = Stage(steps=1900, batch_size=16, lr=2e-3)
+    target_stage: Stage = Stage(steps=1900, batch_size=16, lr=3e-3)
     draft_stage: Stage = Stage(steps=1500, batch_size=16, lr=3e-3)
     draft_max_images: int = 2  # the draft sees only samples with at most this many images (TABED's drafts)
     draft_text_only_share: float = 0.5  # extra text-only copies of the draft's samples (its "text pretraining")
-    fact_weight: float = 4.0  # loss weight of fact words (colours, kinds, sizes, positions, counts); others 1
+    draft_multimodal_turns: str = "first"  # images on first turns only ("first"), or on "all" turns
+    fact_weight: float = 6.0  # loss weight of fact words (colours, kinds, sizes, positions, counts); others 1
     seed: int = 0
     threads: int = 1  # torch intra-op threads; results are reproducible for a fixed value
 
@@ -70,17 +76,37 @@ class BuildReport:
     torch_version: str = torch.__version__
 
 
+def draft_corpus(plan: BuildPlan, processor, samples: Sequence[Sample], encoded: Sequence[list[Example]]) -> list[Example]:
+    """What the draft learns from: samples with at most ``draft_max_images`` images, never a story.
+
+    With images: every turn (``draft_multimodal_turns="all"``) or only first turns ("first":
+    visual instruction tuning on single-turn data, the conversations seen as text only). Text-only
+    copies (the ``t`` drafter's prompt format): ``draft_text_only_share`` of those samples, all turns.
+    """
+    small = [(s, per_sample) for s, per_sample in zip(samples, encoded) if len(s.images) <= plan.draft_max_images]
+    turns = None if plan.draft_multimodal_turns == "all" else 1
+    out = [e for _, per_sample in small for e in per_sample[:turns]]
+    k = round(plan.draft_text_only_share * len(small))
+    out += [e for s, _ in small[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
+    return out
+
+
 def _mean_tail(losses: list[float], n: int = 50) -> float:
     tail = losses[-n:]
     return sum(tail) / max(1, len(tail))
 
 
 def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str], None] = print,
-          probe: Callable[[str, object, object], None] | None = None, probe_every: int = 400) -> BuildReport:
+          probe: Callable[[str, object, object], None] | None = None, probe_every: int = 400,
+          target_from: str | Path | None = None) -> BuildReport:
     """Train the demo family and save ``out_dir/demo-target`` and ``out_dir/demo-draft`` (fp16 safetensors).
 
     ``probe(name, model, processor)``, if given, is called every ``probe_every`` steps and at the
     end of each stage to watch quality; it must not change the model (greedy decoding only).
+    ``target_from``, a folder holding a ``demo-target`` this plan built, skips the tokenizer,
+    the vision pretraining and the target's training and trains only the draft against it. The
+    draft's vision tower is always the target's rounded through float16 (as it ships), so both
+    ways give the same draft.
     """
     torch.set_num_threads(plan.threads)
     torch.use_deterministic_algorithms(True)
@@ -95,34 +121,39 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
         clock = now
         log(f"{name}: {report.seconds[name]:.0f} s")
 
-    samples = tasks.training_corpus(plan.corpus_size, seed=plan.seed)
-    processor = build_processor(samples, plan.vocab_size, plan.image_size, plan.patch_size)
+    samples = tasks.training_corpus(plan.corpus_size, seed=plan.seed, weights=dict(plan.family_weights))
+    if target_from is None:
+        processor = build_processor(samples, plan.vocab_size, plan.image_size, plan.patch_size)
+    else:
+        processor = AutoProcessor.from_pretrained(Path(target_from) / "demo-target")
+        report.plan["target_from"] = str(target_from)
     vocab = len(processor.tokenizer)
     pad = processor.tokenizer.pad_token_id
     weights = torch.ones(vocab)
     weights[fact_token_ids(processor.tokenizer)] = plan.fact_weight
     lap("tokenizer")
 
-    target = build_model(plan.target, vocab, plan.image_size, plan.patch_size, seed=plan.seed)
-    vision = plan.vision
-    report.vision_patch_accuracy = pretrain_vision(
-        target, processor.image_processor, vision.steps, vision.batch_size, vision.lr, plan.seed, plan.render_size)
+    if target_from is None:
+        target = build_model(plan.target, vocab, plan.image_size, plan.patch_size, seed=plan.seed)
+        vision = plan.vision
+        report.vision_patch_accuracy = pretrain_vision(
+            target, processor.image_processor, vision.steps, vision.batch_size, vision.lr, plan.seed,
+            plan.render_size)
+    else:
+        target = LlavaForConditionalGeneration.from_pretrained(Path(target_from) / "demo-target", dtype=torch.float32)
     freeze_vision(target)
     lap("vision")
 
     draft = build_model(plan.draft, vocab, plan.image_size, plan.patch_size, seed=plan.seed + 1)
-    draft.model.vision_tower.load_state_dict(target.model.vision_tower.state_dict())  # one pretrained tower, as LLaVA drafts share CLIP
+    tower = {k: v.half().float() for k, v in target.model.vision_tower.state_dict().items()}
+    draft.model.vision_tower.load_state_dict(tower)  # one pretrained tower, as LLaVA drafts share CLIP
     freeze_vision(draft)
     report.language_model_parameters = {"target": language_model_parameters(target),
                                          "draft": language_model_parameters(draft)}
 
     encoded = [encode(processor, s, plan.render_size) for s in samples]
     examples = [e for per_sample in encoded for e in per_sample]
-    small = [s for s in samples if len(s.images) <= plan.draft_max_images]
-    draft_examples = [e for s, per_sample in zip(samples, encoded) if len(s.images) <= plan.draft_max_images
-                      for e in per_sample]
-    k = round(plan.draft_text_only_share * len(small))
-    draft_examples += [e for s in small[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
+    draft_examples = draft_corpus(plan, processor, samples, encoded)
     lap("encode")
 
     def progress(name: str, steps: int, model):
@@ -135,20 +166,22 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
                 model.train()
         return report_step
 
-    stage = plan.target_stage
-    losses = train(target, examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
-                   progress("target", stage.steps, target), weights)
-    report.final_loss["target"] = round(_mean_tail(losses), 4)
-    lap("target")
-    if probe is not None:
-        probe("target final", target, processor)
+    if target_from is None:
+        stage = plan.target_stage
+        losses = train(target, examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
+                       progress("target", stage.steps, target), weights)
+        report.final_loss["target"] = round(_mean_tail(losses), 4)
+        lap("target")
+        if probe is not None:
+            probe("target final", target, processor)
     stage = plan.draft_stage
     losses = train(draft, draft_examples, stage.steps, stage.batch_size, stage.lr, plan.seed, pad,
                    progress("draft", stage.steps, draft), weights)
     report.final_loss["draft"] = round(_mean_tail(losses), 4)
     lap("draft")
 
-    save_half(target, processor, out / "demo-target")
+    if target_from is None:
+        save_half(target, processor, out / "demo-target")
     save_half(draft, processor, out / "demo-draft")
     lap("save")
     report.seconds["total"] = round(sum(report.seconds.values()), 1)
