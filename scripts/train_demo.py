@@ -15,7 +15,7 @@ import time
 
 from mmspec_cli.demo.build import BuildPlan, build
 from mmspec_cli.demo.quality import answer_questions
-from mmspec_cli.demo.tasks import answer_correct, quality_questions
+from mmspec_cli.demo.tasks import answer_correct, final_answer, quality_questions
 from mmspec_cli.models import shipped_models_dir
 
 
@@ -28,15 +28,16 @@ def main() -> None:
                         help="every 400 steps, print the target's score on N held-out colour/count questions")
     args = parser.parse_args()
     start = time.perf_counter()
-    probe = None
-    if args.probe:
-        questions = quality_questions(args.probe)
+    questions = quality_questions(args.probe)
 
-        def probe(name, model, processor):
-            right = sum(answer_correct(a, q.expected) for a, q in zip(answer_questions(model, processor, questions), questions))
-            print(f"{name}: {right}/{len(questions)} held-out colour/count answers right", flush=True)
+    def probe(name, model, processor):
+        answers = answer_questions(model, processor, questions)
+        right = sum(final_answer(a, q.expected) == q.expected for a, q in zip(answers, questions))
+        strict = sum(answer_correct(a, q.expected) for a, q in zip(answers, questions))
+        print(f"{name}: {right}/{len(questions)} held-out colour/count final answers right ({strict} strictly)",
+              flush=True)
 
-    report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe,
+    report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe if args.probe else None,
                    target_from=args.target_from)
     print(f"done in {time.perf_counter() - start:.0f} s; language-model parameters {report.language_model_parameters}; "
           f"final loss {report.final_loss}; vision patch accuracy {report.vision_patch_accuracy:.3f}")

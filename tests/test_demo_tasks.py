@@ -365,6 +365,17 @@ def test_keyword_checks():
     assert not answer_correct("There are three shapes, or maybe two.", "three")
     assert not answer_correct("It is blue, not red.", "red")
     assert keyword_match("It is blue, not red.", "red")
+    assert tasks.final_answer("It looks blue at first. So the answer is red.", "red") == "red"
+    assert tasks.final_answer("There is one circle and one square. So there are two shapes.", "two") == "two"
+    assert tasks.final_answer("So the answer is three.", "two") == "three"
+    assert tasks.final_answer("I do not know.", "red") is None
+
+
+def test_reference_answers_pass_both_checks():
+    for seed in tasks.QUALITY_SEEDS[:300]:
+        for kind in ("colour", "count"):
+            q, a = tasks.quality_item(seed, kind)
+            assert answer_correct(a, q.expected) and tasks.final_answer(a, q.expected) == q.expected, (q, a)
 
 
 # --- manifest ------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_vision_pretraining_learns_what_and_where():
     assert all(p.requires_grad for p in model.model.multi_modal_projector.parameters())
 
 
-def test_the_draft_never_sees_a_story_and_first_turns_only_keep_images():
+def test_the_draft_sees_stories_only_as_text_and_first_turns_only_keep_images():
     from dataclasses import replace
 
     from mmspec_cli.demo.build import BuildPlan, draft_corpus
@@ -134,4 +134,6 @@ def test_the_draft_never_sees_a_story_and_first_turns_only_keep_images():
         assert not stories & {len(e.input_ids) for e in corpus if e.pixel_values is not None}
     with_images = lambda corpus: sum(e.pixel_values is not None for e in corpus)  # noqa: E731
     assert with_images(every_turn) == 8 and with_images(first_only) == 6  # 6 samples; 2 followups have 2 turns
-    assert len(every_turn) - with_images(every_turn) == 8  # text-only copies of every turn
+    assert len(every_turn) - with_images(every_turn) == 10  # text-only copies of every turn, stories included
+    only_images = replace(plan, draft_text_sees_all_families=False)
+    assert len(draft_corpus(only_images, processor, samples, encoded)) - with_images(every_turn) == 8

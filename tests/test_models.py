@@ -103,3 +103,12 @@ def test_a_draft_without_processor_files_shares_the_targets(tiny_dirs, tiny_mode
     for name in ("m", "mt"):
         turn = models.decoder(name).generate(tiny.images(1), ["what is in the image?"]).turns[0]
         assert turn.token_ids == ref.tolist() and turn.stats.accepted > 0
+
+
+def test_shipped_model_ids_resolve_inside_the_package_and_unknown_ones_are_refused():
+    from mmspec_cli.models import model_location, shipped_models_dir
+
+    assert model_location("mmspec:demo-target") == str(shipped_models_dir() / "demo-target")
+    assert model_location("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # hub ids pass through
+    with pytest.raises(ModelLoadError, match="not a model shipped with mmspec.*mmspec:demo-draft"):
+        load_model(spec("mmspec:no-such-model"), "draft")

@@ -60,6 +60,7 @@ class BuildPlan:
     draft_stage: Stage = Stage(steps=1500, batch_size=16, lr=3e-3)
     draft_max_images: int = 2  # the draft sees only samples with at most this many images (TABED's drafts)
     draft_text_only_share: float = 0.5  # extra text-only copies of the draft's samples (its "text pretraining")
+    draft_text_sees_all_families: bool = True  # text-only copies of stories too (no pixels, so no images)
     draft_multimodal_turns: str = "first"  # images on first turns only ("first"), or on "all" turns
     fact_weight: float = 6.0  # loss weight of fact words (colours, kinds, sizes, positions, counts); others 1
     seed: int = 0
@@ -77,17 +78,22 @@ class BuildReport:
 
 
 def draft_corpus(plan: BuildPlan, processor, samples: Sequence[Sample], encoded: Sequence[list[Example]]) -> list[Example]:
-    """What the draft learns from: samples with at most ``draft_max_images`` images, never a story.
+    """What the draft learns from. With images: only samples with at most ``draft_max_images``
+    images (never a five-frame story), on every turn (``draft_multimodal_turns="all"``) or on
+    first turns only ("first": visual instruction tuning on single-turn data).
 
-    With images: every turn (``draft_multimodal_turns="all"``) or only first turns ("first":
-    visual instruction tuning on single-turn data, the conversations seen as text only). Text-only
-    copies (the ``t`` drafter's prompt format): ``draft_text_only_share`` of those samples, all turns.
+    As text (the ``t`` drafter's prompt format, no pixels): ``draft_text_only_share`` of all
+    samples, every turn, stories included when ``draft_text_sees_all_families``. This is the
+    draft's text pretraining: TABED's small drafts start from language models pretrained on
+    general text, which is why text-only drafting still works where their multimodal drafting
+    breaks down (five-image inputs, TABED Table 1).
     """
     small = [(s, per_sample) for s, per_sample in zip(samples, encoded) if len(s.images) <= plan.draft_max_images]
     turns = None if plan.draft_multimodal_turns == "all" else 1
     out = [e for _, per_sample in small for e in per_sample[:turns]]
-    k = round(plan.draft_text_only_share * len(small))
-    out += [e for s, _ in small[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
+    texts = samples if plan.draft_text_sees_all_families else [s for s, _ in small]
+    k = round(plan.draft_text_only_share * len(texts))
+    out += [e for s in texts[:k] for e in encode(processor, s, plan.render_size, text_only=True)]
     return out
 
 
@@ -185,5 +191,9 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
     save_half(draft, processor, out / "demo-draft")
     lap("save")
     report.seconds["total"] = round(sum(report.seconds.values()), 1)
-    (out / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    written = asdict(report)
+    if target_from is not None and (Path(target_from) / "training.json").is_file():  # keep the target's own record
+        written["target_build"] = json.loads((Path(target_from) / "training.json").read_text(encoding="utf-8"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "training.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
     return report

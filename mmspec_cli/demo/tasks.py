@@ -961,6 +961,17 @@ def keyword_match(answer: str, expected: str) -> bool:
     return expected.lower() in _words(answer)
 
 
+def final_answer(answer: str, expected: str) -> str | None:
+    """The answer's last word of ``expected``'s class (a colour, or a number word), or None.
+
+    The reasoned answers end with their conclusion ("So the answer is red.", "So there are two
+    red shapes in total."), so this is the answer a reader takes away.
+    """
+    vocab = set(COLOURS) if expected in COLOURS else set(NUMBER_WORDS)
+    found = [w for w in _words(answer) if w in vocab]
+    return found[-1] if found else None
+
+
 def answer_correct(answer: str, expected: str) -> bool:
     """Strict check: ``expected`` occurs and no other word of its class (colours or number words) does."""
     words = set(_words(answer))
