@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,10 +52,8 @@ class LoadedModel:
 SHIPPED_PREFIX = "mmspec:"
 
 
-def shipped_models_dir() -> "os.PathLike[str]":
+def shipped_models_dir() -> Path:
     """Where the models trained by ``scripts/train_demo.py`` are shipped: ``mmspec_cli/shipped/``."""
-    from pathlib import Path
-
     return Path(__file__).resolve().parent / "shipped"
 
 
