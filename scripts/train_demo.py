@@ -4,8 +4,9 @@
     python scripts/train_demo.py --out /tmp/demo  # somewhere else
     python scripts/train_demo.py --target-from mmspec_cli/shipped   # retrain only the draft
 
-Deterministic: fixed seeds, one torch thread, deterministic algorithms. The measured time of
-each stage goes to ``<out>/training.json`` beside the weights.
+Deterministic: fixed seeds, a fixed number of torch threads (``BuildPlan.threads``) and
+deterministic algorithms. The measured time of each stage goes to ``<out>/training.json``
+beside the weights.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def main() -> None:
     parser.add_argument("--target-from", default=None, metavar="DIR",
                         help="reuse DIR/demo-target (built by this script) and train only the draft")
     parser.add_argument("--probe", type=int, default=0, metavar="N",
-                        help="every 400 steps, print the target's score on N held-out colour/count questions")
+                        help="every --probe-every steps, print the model's score on N held-out colour/count questions")
+    parser.add_argument("--probe-every", type=int, default=1000, metavar="STEPS")
     args = parser.parse_args()
     start = time.perf_counter()
     questions = quality_questions(args.probe)
@@ -38,6 +40,7 @@ def main() -> None:
               flush=True)
 
     report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe if args.probe else None,
+                   probe_every=args.probe_every,
                    target_from=args.target_from)
     print(f"done in {time.perf_counter() - start:.0f} s; language-model parameters {report.language_model_parameters}; "
           f"final loss {report.final_loss}; vision patch accuracy {report.vision_patch_accuracy:.3f}")

@@ -17,6 +17,7 @@ from mmspec_cli.demo.train import (
     encode,
     freeze_vision,
     language_model_parameters,
+    length_grouped_batches,
     pretrain_vision,
     save_half,
     train,
@@ -75,6 +76,27 @@ def test_training_lowers_the_loss_and_the_saved_pair_decodes_losslessly(tmp_path
     out = SpeculativeDecoder(t, build_drafter("tabed", t, loaded["draft"]), gamma=3, max_new_tokens=16).generate(
         images, sample.questions[:1])
     assert out.turns[0].token_ids == ref
+
+
+def test_length_grouped_batches_cover_an_epoch_and_cut_the_padding():
+    import random
+
+    rng = random.Random(5)
+    lengths = [rng.choice((40, 60, 90, 250)) + rng.randrange(10) for _ in range(1000)]
+
+    def padded(batches):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    grouped = length_grouped_batches(lengths, 16, random.Random(0), group=10)
+    plain = length_grouped_batches(lengths, 16, random.Random(0), group=None)
+    for batches in (grouped, plain):
+        assert sorted(i for b in batches for i in b) == list(range(1000))  # each index once per epoch
+        assert all(1 <= len(b) <= 16 for b in batches)
+    assert padded(grouped) < 0.7 * padded(plain)  # random batches: one long row pads the other fifteen
+    assert grouped == length_grouped_batches(lengths, 16, random.Random(0), group=10)  # deterministic
+    assert all(lengths[a] <= lengths[b] for batch in grouped for a, b in zip(batch, batch[1:]))  # a sorted run
+    first_rows = [b[0] for b in grouped[:20]]
+    assert len({lengths[i] // 100 for i in first_rows}) > 1  # batch order is shuffled, not sorted overall
 
 
 def test_text_only_examples_are_what_the_text_drafter_sees():
@@ -137,3 +159,25 @@ def test_the_draft_sees_stories_only_as_text_and_first_turns_only_keep_images():
     assert len(every_turn) - with_images(every_turn) == 10  # text-only copies of every turn, stories included
     only_images = replace(plan, draft_text_sees_all_families=False)
     assert len(draft_corpus(only_images, processor, samples, encoded)) - with_images(every_turn) == 8
+
+
+def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path):
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from mmspec_cli.demo.build import BuildPlan, Stage, build
+
+    plan = replace(BuildPlan(), corpus_size=24, vocab_size=400, render_size=48, threads=1,
+                   target=ModelSize(32, 1, 2, 32, 1), draft=ModelSize(16, 1, 2, 32, 1),
+                   vision=Stage(3, 4, 3e-3), target_stage=Stage(4, 4, 3e-3), draft_stage=Stage(6, 4, 3e-3),
+                   length_group=2)
+    corpus = tasks.training_corpus(plan.corpus_size, seed=plan.seed, weights=dict(plan.family_weights))
+    assert any(s.family == "story" for s in corpus)  # a sample the draft-only run encodes without pixels
+    build(tmp_path / "full", plan, log=lambda line: None)
+    build(tmp_path / "draft-only", plan, log=lambda line: None, target_from=tmp_path / "full")
+    full = load_file(str(tmp_path / "full" / "demo-draft" / "model.safetensors"))
+    again = load_file(str(tmp_path / "draft-only" / "demo-draft" / "model.safetensors"))
+    assert full.keys() == again.keys()
+    assert all(torch.equal(full[k], again[k]) for k in full)
+    assert not (tmp_path / "draft-only" / "demo-target").exists()
