@@ -5,11 +5,15 @@
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU. The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block.
-Results are cached as JSON per device and model pair, so ``bench`` can report Eq. (1).
+Results are cached as JSON per device and model pair, so ``bench`` can report Eq. (1). The
+cache key holds a fingerprint of the weights each name stands for (:func:`weights_fingerprint`),
+so a retrained model, a new release of a shipped one or a new hub revision is profiled afresh
+instead of inheriting the old ratio.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -156,8 +160,42 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "latency"
 
 
+WEIGHT_FILES = ("config.json", "*.safetensors", "*.bin")
+
+
+def weights_fingerprint(model: str) -> str:
+    """What ``model`` (a profile's model name) stands for on this machine, as a short string.
+
+    A local folder (``mmspec:NAME`` included): the names, sizes and modification times of its
+    config and weight files, so retraining or reinstalling changes it. A hub id: the commit of
+    its snapshot in the local Hugging Face cache. '' when neither can be found; then the name
+    alone keys the cache.
+    """
+    from .errors import ModelLoadError
+    from .models import model_location
+
+    try:
+        location = Path(model_location(model))
+    except ModelLoadError:
+        return ""
+    if location.is_dir():
+        files = sorted({p for pattern in WEIGHT_FILES for p in location.glob(pattern) if p.is_file()})
+        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        return hashlib.sha1(repr(stats).encode()).hexdigest()[:12] if stats else ""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+    except (ValueError, OSError):  # not a valid repo id (HFValidationError is a ValueError), or no cache
+        return ""
+    return Path(cached).parent.name if isinstance(cached, str) else ""
+
+
 def cache_path(device: str, target: str, draft: str) -> Path:
     slug = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-") for part in (device, target, draft))
+    prints = [weights_fingerprint(target), weights_fingerprint(draft)]
+    if any(prints):
+        slug += "__" + hashlib.sha1("|".join(prints).encode()).hexdigest()[:10]
     return cache_dir() / f"{slug}.json"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -43,6 +44,22 @@ def test_results_are_cached_per_device_and_model_pair(tmp_path, monkeypatch):
     assert path.parent == tmp_path / "latency"
     assert latency.load("dev", "t", "d") == result
     assert latency.load("other-gpu", "t", "d") is None
+
+
+def test_retrained_weights_under_the_same_name_are_not_given_the_old_ratio(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "my-target"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"first weights")
+    result = latency.LatencyResult("dev", str(model), "d", {"8,1": 1.0}, {"1,8": 0.5})
+    latency.save(result)
+    assert latency.load("dev", str(model), "d") == result
+    (model / "model.safetensors").write_bytes(b"retrained weights")
+    os.utime(model / "model.safetensors", ns=(1, 1))  # a different time even on a coarse clock
+    assert latency.load("dev", str(model), "d") is None
+    assert latency.weights_fingerprint("mmspec:demo-target")  # the shipped models are told apart too
+    assert latency.weights_fingerprint("no-such/model-anywhere") == ""
 
 
 @pytest.fixture
