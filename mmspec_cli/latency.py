@@ -39,6 +39,8 @@ class LatencyResult:
     draft: str
     target_ms: dict[str, float] = field(default_factory=dict)  # "S,γ" -> ms of T_p(1, S, γ)
     draft_ms: dict[str, float] = field(default_factory=dict)  # "B,S" -> ms of T_q(B, S, 1)
+    target_revision: str | None = None  # the profiles' hub revisions, part of the cache key
+    draft_revision: str | None = None
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -121,11 +123,13 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
 
 
 def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[int], seqs: Sequence[int],
-            gammas: Sequence[int], timer: Timer) -> LatencyResult:
+            gammas: Sequence[int], timer: Timer, target_revision: str | None = None,
+            draft_revision: str | None = None) -> LatencyResult:
     """The grid of T_p(1, S, γ) and T_q(B, S, 1); ``target``/``draft`` are the loaded models."""
     target_ms = {f"{s},{g}": step_latency_ms(target, 1, s, g, timer) for s in seqs for g in gammas}
     draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs}
-    return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms)
+    return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
+                         target_revision, draft_revision)
 
 
 @dataclass(frozen=True)
@@ -163,13 +167,14 @@ def cache_dir() -> Path:
 WEIGHT_FILES = ("config.json", "*.safetensors", "*.bin")
 
 
-def weights_fingerprint(model: str) -> str:
-    """What ``model`` (a profile's model name) stands for on this machine, as a short string.
+def weights_fingerprint(model: str, revision: str | None = None) -> str:
+    """What ``model`` (a profile's model name, at ``revision``) stands for on this machine, as a short string.
 
     A local folder (``mmspec:NAME`` included): the names, sizes and modification times of its
     config and weight files, so retraining or reinstalling changes it. A hub id: the commit of
-    its snapshot in the local Hugging Face cache. '' when neither can be found; then the name
-    alone keys the cache.
+    its snapshot at ``revision`` in the local Hugging Face cache, else the revision as given.
+    '' when none of these is known; then the names alone key the cache, as they did before
+    fingerprints (an old cache file of the same names is then read).
     """
     from .errors import ModelLoadError
     from .models import model_location
@@ -182,33 +187,36 @@ def weights_fingerprint(model: str) -> str:
         files = sorted({p for pattern in WEIGHT_FILES for p in location.glob(pattern) if p.is_file()})
         stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         return hashlib.sha1(repr(stats).encode()).hexdigest()[:12] if stats else ""
+    pinned = f"revision {revision}" if revision else ""
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(model, "config.json")
+        cached = try_to_load_from_cache(model, "config.json", revision=revision)
     except (ValueError, OSError):  # not a valid repo id (HFValidationError is a ValueError), or no cache
-        return ""
-    return Path(cached).parent.name if isinstance(cached, str) else ""
+        return pinned
+    return Path(cached).parent.name if isinstance(cached, str) else pinned
 
 
-def cache_path(device: str, target: str, draft: str) -> Path:
+def cache_path(device: str, target: str, draft: str, target_revision: str | None = None,
+               draft_revision: str | None = None) -> Path:
     slug = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-") for part in (device, target, draft))
-    prints = [weights_fingerprint(target), weights_fingerprint(draft)]
+    prints = [weights_fingerprint(target, target_revision), weights_fingerprint(draft, draft_revision)]
     if any(prints):
         slug += "__" + hashlib.sha1("|".join(prints).encode()).hexdigest()[:10]
     return cache_dir() / f"{slug}.json"
 
 
 def save(result: LatencyResult) -> Path:
-    path = cache_path(result.device, result.target, result.draft)
+    path = cache_path(result.device, result.target, result.draft, result.target_revision, result.draft_revision)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(result), indent=2))
     return path
 
 
-def load(device: str, target: str, draft: str) -> LatencyResult | None:
-    """The cached result for this device and model pair, or None."""
-    path = cache_path(device, target, draft)
+def load(device: str, target: str, draft: str, target_revision: str | None = None,
+         draft_revision: str | None = None) -> LatencyResult | None:
+    """The cached result for this device and model pair (at these revisions, with these weights), or None."""
+    path = cache_path(device, target, draft, target_revision, draft_revision)
     if not path.exists():
         return None
     return LatencyResult(**json.loads(path.read_text()))

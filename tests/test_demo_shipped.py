@@ -65,7 +65,9 @@ def test_shipped_models_load_offline_and_fit_the_issue_limits(demo):
 
 
 #: Issue 5's bar: at least 80 of 100 held-out questions answered correctly. A babbling model
-#: scores about 20 (1 in 6 colours, about 1 in 4 counts).
+#: scores about 20 (1 in 6 colours, about 1 in 4 counts). The shipped target scores 81 with
+#: torch 2.13 on x86 CPUs (README "How good the target is"); the margin is one answer, so
+#: another torch build or device may need the weights rebuilt rather than this bar lowered.
 QUALITY_TARGET = 80
 
 
@@ -73,7 +75,7 @@ def test_quality_on_100_held_out_colour_and_count_questions(demo):
     """The demo target on 100 held-out questions, read strictly (``tasks.answer_correct``): the
     expected word appears and no other colour (colour questions) or number word (count questions)
     appears anywhere in the reasoned answer.
-    The lenient reading (final answer only) is printed beside it; docs/BENCHMARKS.md reports both.
+    The lenient reading (final answer only) is printed beside it; the README reports both.
     """
     _, target, _ = demo
     questions = quality_questions(100)

@@ -161,7 +161,7 @@ def test_the_draft_sees_stories_only_as_text_and_first_turns_only_keep_images():
     assert len(draft_corpus(only_images, processor, samples, encoded)) - with_images(every_turn) == 8
 
 
-def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path):
+def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path, monkeypatch):
     from dataclasses import replace
 
     from safetensors.torch import load_file
@@ -175,7 +175,18 @@ def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path):
     corpus = tasks.training_corpus(plan.corpus_size, seed=plan.seed, weights=dict(plan.family_weights))
     assert any(s.family == "story" for s in corpus)  # a sample the draft-only run encodes without pixels
     build(tmp_path / "full", plan, log=lambda line: None)
+    import mmspec_cli.demo.build as build_module
+
+    with_pixels = []
+
+    def counting_encode(processor, sample, image_size, text_only=False):
+        with_pixels.append(not text_only and len(sample.images) > 0)
+        return encode(processor, sample, image_size, text_only)
+
+    monkeypatch.setattr(build_module, "encode", counting_encode)
     build(tmp_path / "draft-only", plan, log=lambda line: None, target_from=tmp_path / "full")
+    small = sum(len(s.images) <= plan.draft_max_images for s in corpus)
+    assert sum(with_pixels) == small < len(corpus)  # the stories were not encoded with their images
     full = load_file(str(tmp_path / "full" / "demo-draft" / "model.safetensors"))
     again = load_file(str(tmp_path / "draft-only" / "demo-draft" / "model.safetensors"))
     assert full.keys() == again.keys()

@@ -55,11 +55,21 @@ def test_retrained_weights_under_the_same_name_are_not_given_the_old_ratio(tmp_p
     result = latency.LatencyResult("dev", str(model), "d", {"8,1": 1.0}, {"1,8": 0.5})
     latency.save(result)
     assert latency.load("dev", str(model), "d") == result
-    (model / "model.safetensors").write_bytes(b"retrained weights")
+    (model / "model.safetensors").write_bytes(b"other weights")  # retrained: same architecture, same size
     os.utime(model / "model.safetensors", ns=(1, 1))  # a different time even on a coarse clock
     assert latency.load("dev", str(model), "d") is None
     assert latency.weights_fingerprint("mmspec:demo-target")  # the shipped models are told apart too
-    assert latency.weights_fingerprint("no-such/model-anywhere") == ""
+
+
+def test_a_hub_model_is_keyed_by_its_pinned_revision(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    assert latency.weights_fingerprint("no-such/model-anywhere") == ""  # not in the local hub cache
+    assert latency.weights_fingerprint("no-such/model-anywhere", "v2") == "revision v2"
+    result = latency.LatencyResult("dev", "org/target", "org/draft", {"8,1": 1.0}, {"1,8": 0.5}, "v1", None)
+    latency.save(result)
+    assert latency.load("dev", "org/target", "org/draft", "v1") == result
+    assert latency.load("dev", "org/target", "org/draft", "v2") is None
+    assert latency.load("dev", "org/target", "org/draft") is None
 
 
 @pytest.fixture

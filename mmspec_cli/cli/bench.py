@@ -223,7 +223,7 @@ def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, fl
     from mmspec_cli.models import resolve_device
 
     measured = latency.load(latency.device_name(resolve_device(profile.target.device)), profile.target.model,
-                            profile.draft.model)
+                            profile.draft.model, profile.target.revision, profile.draft.revision)
     if measured is None:
         return {}
     seq, gamma = mean_prompt_tokens(records), profile.decoding.gamma

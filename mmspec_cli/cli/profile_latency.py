@@ -94,7 +94,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
     _check_lengths(target, draft, max(seqs) + max(gammas))
     timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
     result = latency.measure(target.model, draft.model, profile.target.model, profile.draft.model,
-                             batches, seqs, gammas, timer)
+                             batches, seqs, gammas, timer, profile.target.revision, profile.draft.revision)
     path = latency.save(result)
     remarks = latency.check_remarks(result)
     ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1}

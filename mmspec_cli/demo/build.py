@@ -115,9 +115,19 @@ def build(out_dir: str | Path, plan: BuildPlan = BuildPlan(), log: Callable[[str
     draft's vision tower is always the target's rounded through float16 (as it ships), so both
     ways give the same draft.
     """
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(plan.threads)
     torch.use_deterministic_algorithms(True)
-    out = Path(out_dir)
+    try:
+        return _build(Path(out_dir), plan, log, probe, probe_every, target_from)
+    finally:  # the caller's settings back (a test session, a notebook)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _build(out: Path, plan: BuildPlan, log: Callable[[str], None],
+           probe: Callable[[str, object, object], None] | None, probe_every: int,
+           target_from: str | Path | None) -> BuildReport:
     report = BuildReport(plan=asdict(plan))
     clock = time.perf_counter()
 

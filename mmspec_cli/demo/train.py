@@ -236,7 +236,8 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, rng: random.
     by length before it is cut into batches, and the batches are shuffled again. Rows of a batch
     then have similar lengths, so little of the padded batch is padding (about half of it is with
     plain random batches of this corpus, where one five-image story sets the length of fifteen
-    single-image rows). ``group=None`` gives plain random batches.
+    single-image rows). ``group=None`` gives plain random batches. Either way the last batch of
+    an epoch holds the remainder (``len(lengths) % batch_size`` rows, if any).
     """
     order = rng.sample(range(len(lengths)), len(lengths))
     span = batch_size * group if group else batch_size
