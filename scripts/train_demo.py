@@ -15,8 +15,8 @@ import argparse
 import time
 
 from mmspec_cli.demo.build import BuildPlan, build
-from mmspec_cli.demo.quality import answer_questions
-from mmspec_cli.demo.tasks import answer_correct, final_answer, quality_questions
+from mmspec_cli.demo.quality import answer_questions, score_answers
+from mmspec_cli.demo.tasks import quality_questions
 from mmspec_cli.models import shipped_models_dir
 
 
@@ -33,11 +33,9 @@ def main() -> None:
     questions = quality_questions(args.probe)
 
     def probe(name, model, processor):
-        answers = answer_questions(model, processor, questions)
-        right = sum(final_answer(a, q.expected) == q.expected for a, q in zip(answers, questions))
-        strict = sum(answer_correct(a, q.expected) for a, q in zip(answers, questions))
-        print(f"{name}: {right}/{len(questions)} held-out colour/count final answers right ({strict} strictly)",
-              flush=True)
+        score = score_answers(questions, answer_questions(model, processor, questions))
+        print(f"{name}: {sum(score.final)}/{len(questions)} held-out colour/count final answers right "
+              f"({sum(score.strict)} strictly)", flush=True)
 
     report = build(args.out, BuildPlan(), log=lambda line: print(line, flush=True), probe=probe if args.probe else None,
                    probe_every=args.probe_every,

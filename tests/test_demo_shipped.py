@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from mmspec_cli.cli.app import app
 from mmspec_cli.demo.examples import example_images
-from mmspec_cli.demo.quality import answer_questions
-from mmspec_cli.demo.tasks import answer_correct, final_answer, quality_questions
+from mmspec_cli.demo.quality import answer_questions, score_answers
+from mmspec_cli.demo.tasks import quality_questions
 from mmspec_cli.demo.train import language_model_parameters
 from mmspec_cli.models import check_compatible, load_model, shipped_models, shipped_models_dir
 from mmspec_cli.profiles import load_profile
@@ -80,8 +80,8 @@ def test_quality_on_100_held_out_colour_and_count_questions(demo):
     _, target, _ = demo
     questions = quality_questions(100)
     answers = answer_questions(target.model, target.processor, questions)
-    final = [final_answer(a, q.expected) == q.expected for a, q in zip(answers, questions)]
-    strict = [answer_correct(a, q.expected) for a, q in zip(answers, questions)]
+    score = score_answers(questions, answers)
+    final, strict = score.final, score.strict
     print(f"strictly right {sum(strict)}/100 (colour {sum(strict[0::2])}/50, count {sum(strict[1::2])}/50); "
           f"final answer right {sum(final)}/100")
     wrong = strict.index(False) if not all(strict) else None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..prompts import render_prompt
 from .scenes import DISPLAY_SIZE, render
-from .tasks import QualityQuestion
+from .tasks import QualityQuestion, answer_correct, final_answer
 
 
 @torch.inference_mode()
@@ -24,3 +25,18 @@ def answer_questions(model, processor, questions: Sequence[QualityQuestion], max
         out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
         answers.append(processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
     return answers
+
+
+@dataclass(frozen=True)
+class QualityScore:
+    """Per question, in order: right read strictly (``tasks.answer_correct``), and right by the
+    final answer alone (``tasks.final_answer``)."""
+
+    strict: list[bool]
+    final: list[bool]
+
+
+def score_answers(questions: Sequence[QualityQuestion], answers: Sequence[str]) -> QualityScore:
+    """Both readings of each answer against its question's expected word."""
+    return QualityScore(strict=[answer_correct(a, q.expected) for a, q in zip(answers, questions)],
+                        final=[final_answer(a, q.expected) == q.expected for a, q in zip(answers, questions)])
