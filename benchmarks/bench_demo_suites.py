@@ -16,7 +16,9 @@ One run, on one machine, with the default (``demo``) profile:
    - the measured walltime speedup of ``tabed`` over ``ar`` on ``demo-single`` is above 1.0
      (reported beside c and Eq. (1)).
 
-The ``all`` row of ``bench``'s own summary pools every turn; the average here is the plain
+``demo-followup`` measures the follow-up turns: each conversation's first turn is given with
+its reference answer (``Sample.history``), as TABED Table 1 reports second turns apart from
+first turns. The ``all`` row of ``bench``'s own summary pools every turn; the average here is the plain
 mean over the four suites, as the paper's "Avg." column is. The script exits 0 whatever it
 measures; read the verdicts.
 
@@ -67,15 +69,6 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def second_turns(records: Path) -> dict[str, float | None]:
-    """drafter -> block efficiency τ over the second turns of demo-followup (bench's own summary maths)."""
-    from mmspec_cli.bench.summary import summarize
-
-    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
-    follow = [r for r in rows if r.get("category") == "demo-followup" and r.get("turn") == 1]
-    return {r.drafter: r.block_efficiency for r in summarize(follow).rows if r.category == "demo-followup"}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for the JSONL records (default: a temp dir)")
@@ -113,10 +106,6 @@ def main() -> None:
     for d in DRAFTERS[1:]:
         print(f"{d:<12}" + "".join(f"{fmt(speedup.get(s, {}).get(d)) + ' (' + fmt(eq1.get(s, {}).get(d)) + ')':>15}"
                                    for s in SUITES))
-
-    second = second_turns(records)
-    print("\ndemo-followup, second turns only (TABED Table 1 reports second turns apart): τ")
-    print("  " + ", ".join(f"{d} {fmt(second.get(d))}" for d in DRAFTERS))
 
     verdicts = []
 

@@ -57,9 +57,10 @@ def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample]) -> list[t
     if loaded:
         timed = decoder.max_new_tokens
         decoder.max_new_tokens = min(WARMUP_TOKENS, timed)
-        decoder.generate(loaded[0][1], list(loaded[0][0].turns[:1]))
+        decoder.generate(loaded[0][1], list(loaded[0][0].turns[:1]), history=loaded[0][0].history)
         decoder.max_new_tokens = timed
-    return [(sample, images, decoder.generate(images, list(sample.turns))) for sample, images in loaded]
+    return [(sample, images, decoder.generate(images, list(sample.turns), history=sample.history))
+            for sample, images in loaded]
 
 
 @torch.inference_mode()
@@ -74,7 +75,7 @@ def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Seque
     for sample, images, generation in runs:
         answers: list[str] = []
         for turn, result in enumerate(generation.turns):
-            text = render_prompt(target.processor, sample.turns[: turn + 1], answers, len(images))
+            text = render_prompt(target.processor, sample.turns[: turn + 1], answers, len(images), sample.history)
             prompt = process(target.processor, text, images)
             ids = torch.tensor([prompt.ids + result.token_ids], device=target.model.device)  # (1, S)
             vision = {k: to_model(v, target.model) for k, v in prompt.vision.items()}

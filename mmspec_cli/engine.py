@@ -25,7 +25,7 @@ import torch
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter, NoDrafter, TreeDraft
 from .metrics import RunStats
 from .models import LoadedModel
-from .prompts import ModelPrompt, check_questions, check_raw_prompt, process, render_prompt
+from .prompts import ModelPrompt, check_history, check_questions, check_raw_prompt, process, render_prompt
 from .runner import CachedModel
 from .sampling import SamplingParams, TokenPicker
 from .schedules import GammaSchedule, check_schedule
@@ -151,19 +151,26 @@ class SpeculativeDecoder:
         self.overlap_prefill = target.model.device.type == "cuda" if overlap_prefill is None else overlap_prefill
 
     def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
-                 on_event: Callable[[Event], None] | None = None) -> Generation:
+                 on_event: Callable[[Event], None] | None = None,
+                 history: Sequence[tuple[str, str]] = ()) -> Generation:
         """Run every turn and return the results; ``on_event`` sees each event as it happens."""
         turns = []
-        for event in self.stream(images, questions, raw_prompt):
+        for event in self.stream(images, questions, raw_prompt, history):
             if on_event is not None:
                 on_event(event)
             if isinstance(event, TurnFinished):
                 turns.append(event.result)
         return Generation(drafter=self.drafter.name, turns=turns, members=self.drafter.members)
 
-    def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None) -> Iterator[Event]:
-        """Yield events turn by turn. ``raw_prompt`` (one turn) replaces the chat template."""
+    def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
+               history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        """Yield events turn by turn. ``raw_prompt`` (one turn) replaces the chat template.
+
+        ``history``: earlier (question, answer) turns of the conversation, given as they are and
+        not generated; the images belong to its first turn. Turn numbers count generated turns.
+        """
         questions = check_questions(questions, raw_prompt)
+        history = check_history(history, raw_prompt)
         if raw_prompt is not None:
             check_raw_prompt(raw_prompt, self.target.processor, len(images))
         picker = TokenPicker(self.sampling, self.seed)
@@ -172,7 +179,7 @@ class SpeculativeDecoder:
             if raw_prompt is not None:
                 text = raw_prompt
             else:
-                text = render_prompt(self.target.processor, questions, answers, len(images))
+                text = render_prompt(self.target.processor, questions, answers, len(images), history)
             yield TurnStarted(turn=turn, question=question, prompt=text)
             result = yield from self._turn(turn, question, text, images, picker)
             answers.append(result.text)

@@ -57,9 +57,14 @@ def llava15_prompt(messages: Sequence[dict], image_token: str, eos: str) -> str:
     return "".join(parts) + "ASSISTANT:"
 
 
-def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[str], n_images: int) -> str:
-    """The prompt text for the next turn, through the processor's chat template when it has one."""
-    messages = build_messages(questions, answers, n_images)
+def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[str], n_images: int,
+                  history: Sequence[tuple[str, str]] = ()) -> str:
+    """The prompt text for the next turn, through the processor's chat template when it has one.
+
+    ``history``: earlier (question, answer) turns given as they are (not generated), before ``questions``.
+    """
+    messages = build_messages([q for q, _ in history] + list(questions), [a for _, a in history] + list(answers),
+                              n_images)
     if getattr(processor, "chat_template", None):
         return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     eos = processor.tokenizer.eos_token or ""
@@ -78,6 +83,23 @@ def check_questions(questions: Sequence[str], raw_prompt: str | None) -> list[st
     if questions:
         raise InputError("--raw-prompt gives the whole prompt of one turn; drop -q or pass only --raw-prompt")
     return [raw_prompt]
+
+
+def check_history(history: Any, raw_prompt: str | None = None) -> list[tuple[str, str]]:
+    """Earlier turns as (question, answer) pairs of non-empty strings; refused beside ``--raw-prompt``."""
+    if not isinstance(history, (list, tuple)):
+        raise InputError(f"history must be a list of [question, answer] pairs, got {history!r:.80}")
+    pairs = []
+    for i, turn in enumerate(history, start=1):
+        if (not isinstance(turn, (list, tuple)) or len(turn) != 2
+                or not all(isinstance(x, str) and x.strip() for x in turn)):
+            raise InputError(f"history turn {i} must be a [question, answer] pair of non-empty strings, "
+                             f"got {turn!r:.80}")
+        pairs.append((turn[0], turn[1]))
+    if pairs and raw_prompt is not None:
+        raise InputError("--raw-prompt gives the whole prompt of one turn; write the earlier turns into it "
+                         "instead of passing a history")
+    return pairs
 
 
 def check_raw_prompt(raw_prompt: str, processor: Any, n_images: int) -> None:

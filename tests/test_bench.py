@@ -356,6 +356,36 @@ def test_paper_prompts(files, tmp_path):
     assert json.loads(result.stdout)["token_check"]["compared"] == 2
 
 
+@pytest.mark.parametrize("style", ["default", "paper"])
+def test_a_given_history_continues_the_conversation_as_if_generated(files, tmp_path, style):
+    """The first turn and its own answer given as history: the second turn comes out as in the
+    two-turn run (same prompt, same tokens), and only that turn is generated and recorded."""
+    whole = tmp_path / "whole.jsonl"
+    assert bench(files, files["manifest"], "--drafters", "ar", "--limit", "1", "--prompt-style", style,
+                 "--out", str(whole)).exit_code == 0
+    first, second = read_jsonl(whole)
+    given = {**SAMPLES[0], "turns": SAMPLES[0]["turns"][1:], "history": [[SAMPLES[0]["turns"][0], first["text"]]]}
+    manifest = write_jsonl(files["root"] / f"history-{style}.jsonl", [given])
+    out = tmp_path / "history.jsonl"
+    result = bench(files, manifest, "--drafters", "ar,m", "--prompt-style", style, "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    records = read_jsonl(out)
+    assert [(r["turn"], r["drafter"]) for r in records] == [(0, "ar"), (0, "m")]
+    assert all(r["token_ids"] == second["token_ids"] and r["prompt_tokens"] == second["prompt_tokens"] for r in records)
+
+
+def test_engine_history_is_checked_and_rendered_before_the_questions(tiny_models):
+    target = tiny_models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter("ar", target, None), max_new_tokens=MAX_NEW)
+    started = [e for e in decoder.stream(tiny.images(1), ["and then?"], history=[("what is it?", "a shape.")])
+               if type(e).__name__ == "TurnStarted"]
+    assert started[0].prompt == render_prompt(target.processor, ["what is it?", "and then?"], ["a shape."], 1)
+    with pytest.raises(InputError, match="history turn 1 must be a \\[question, answer\\] pair"):
+        decoder.generate(tiny.images(1), ["and then?"], history=[("what is it?", "")])
+    with pytest.raises(InputError, match="write the earlier turns into it"):
+        decoder.generate(tiny.images(1), [], raw_prompt="USER: <image> hi ASSISTANT:", history=[("q", "a")])
+
+
 # --------------------------------------------------------------------------- Hugging Face datasets (adapters only)
 
 
@@ -440,6 +470,8 @@ def _bad_manifests(root: Path) -> dict:
                           "line 1: missing 'turns'"),
         "duplicate id": (write_jsonl(root / "dup.jsonl", [good, good]), "line 2: id 's0' repeats line 1"),
         "empty": (write_jsonl(root / "empty.jsonl", []), "has no samples"),
+        "bad history": (write_jsonl(root / "history.jsonl", [{**SAMPLES[0], "history": [["only a question"]]}]),
+                        "line 1: history turn 1 must be a \\[question, answer\\] pair"),
     }
 
 
@@ -480,7 +512,7 @@ def test_bad_arguments_are_one_line_before_loading(files, no_model_loading, case
     assert_one_line_error(bench(files, *args), fragment)
 
 
-@pytest.mark.parametrize("case", ["malformed line", "missing field", "duplicate id", "empty"])
+@pytest.mark.parametrize("case", ["malformed line", "missing field", "duplicate id", "empty", "bad history"])
 def test_bad_manifests_are_one_line_with_the_line_number(files, no_model_loading, case):
     path, fragment = _bad_manifests(files["root"])[case]
     result = bench(files, path)
@@ -522,11 +554,17 @@ def test_pil_images_from_datasets_load(tmp_path):
 def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
     from mmspec_cli.bench.sources import resolve
 
+    from mmspec_cli.demo.tasks import DEFAULT_SUITE_SIZE, suite
+
     first, again = resolve("demo-story"), resolve("demo-story")
-    assert [s.id for s in first] == [s.id for s in again] and len(first) == 20
+    assert [s.id for s in first] == [s.id for s in again] and len(first) == DEFAULT_SUITE_SIZE
     assert all(len(s.images) == 5 and s.category == "demo-story" for s in first)
     assert first[0].images[0].tobytes() == again[0].images[0].tobytes()
-    assert len(resolve("demo-all")) == 80
+    assert len(resolve("demo-all")) == 4 * DEFAULT_SUITE_SIZE
+    # a follow-up measures its second turn; the first is given with its reference answer
+    followups, conversations = resolve("demo-followup"), suite("demo-followup")
+    assert all(s.history == (c.turns[0],) and s.turns == (c.turns[1][0],) for s, c in zip(followups, conversations))
+    assert all(s.history == () for s in first)
     result = bench(files, "demo-followup", "--drafters", "ar,m", "--limit", "1", "--format", "json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)

@@ -37,7 +37,7 @@ by row, stopping after ``--limit`` matches.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -125,7 +125,7 @@ def rows_to_samples(spec: HubSpec, rows: Iterable[Row], subset: str | None, limi
     samples = [spec.to_sample(row, index, subset) for index, row in islice(chosen, limit)]
     ids = [s.id for s in samples]
     if len(set(ids)) != len(ids):  # ids must be unique for --resume; fall back to row order
-        samples = [Sample(f"{s.id}#{n}", s.category, s.turns, s.images, s.prompt_key) for n, s in enumerate(samples)]
+        samples = [replace(s, id=f"{s.id}#{n}") for n, s in enumerate(samples)]
     return samples
 
 

@@ -5,6 +5,9 @@ share the machine's conditions sample by sample, which keeps the walltime compar
 Each drafter gets a fresh decoder per sample, and the sample's turns run as ONE conversation
 (the engine's multi-turn ``generate``). A record is written as each turn finishes.
 
+A sample's ``history`` (given earlier turns) opens every conversation; its turns are not
+generated or recorded, and record turn numbers count the generated turns only.
+
 Resuming: the turns already in the results file are not written again. If a later turn of a
 sample is missing, the conversation is re-run from its first turn (the later turn needs the
 earlier answers as context) and only the missing turns are written.
@@ -132,13 +135,14 @@ class BenchRunner:
         for drafter in self.settings.drafters:
             try:
                 if drafter == HF_ASSISTED:
-                    text = render_prompt(self.models.target.processor, sample.turns[:1], [], len(images))
+                    text = render_prompt(self.models.target.processor, sample.turns[:1], [], len(images),
+                                         sample.history)
                     assisted_generate(self.models.target, self.models.draft, images, text, self.settings.gamma,
                                       min(WARMUP_TOKENS, self.settings.max_new_tokens))
                 else:
                     decoder = self.models.decoder(drafter)
                     decoder.max_new_tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
-                    decoder.generate(images, list(sample.turns[:1]))
+                    decoder.generate(images, list(sample.turns[:1]), history=sample.history)
             except Exception:  # noqa: BLE001 - the real run records the failure
                 if self.debug:
                     raise
@@ -156,11 +160,16 @@ class BenchRunner:
         return self.settings.prompt_style == "paper" and sample.prompt_key is not None
 
     def _raw_prompt(self, sample: Sample, turn: int, previous: str | None, answer: str, n_images: int) -> str:
-        """Paper style: the paper's prompt for the first turn, the LLaVA-1.5 continuation after."""
-        if turn == 0:
-            return paper_prompt(sample.prompt_key, sample.turns[0], n_images,
-                                image_placeholder(self.models.target.processor))
+        """Paper style: the paper's prompt for the conversation's first turn, the LLaVA-1.5 continuation
+        after; given ``history`` turns come first, with their answers."""
         eos = self.models.target.tokenizer.eos_token or ""
+        if turn == 0:
+            questions = [q for q, _ in sample.history] + [sample.turns[0]]
+            previous = paper_prompt(sample.prompt_key, questions[0], n_images,
+                                    image_placeholder(self.models.target.processor))
+            for (_, given), question in zip(sample.history, questions[1:]):
+                previous = continue_prompt(previous, given, eos, question)
+            return previous
         return continue_prompt(previous, answer, eos, sample.turns[turn])
 
     def _prompt_tokens(self, text: str, images: list) -> int:
@@ -170,8 +179,8 @@ class BenchRunner:
                       n_turns: int) -> Iterator[Record]:
         members = decoder.drafter.members
         if not self._paper(sample):
-            yield from self._records(decoder.stream(images, list(sample.turns[:n_turns])), drafter, sample, images,
-                                     members)
+            yield from self._records(decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history),
+                                     drafter, sample, images, members)
             return
         prompt, answer = None, ""
         base_seed = decoder.seed
@@ -202,7 +211,7 @@ class BenchRunner:
             if self._paper(sample):
                 prompt = self._raw_prompt(sample, turn, prompt, answers[-1] if answers else "", len(images))
             else:
-                prompt = render_prompt(target.processor, sample.turns[:n_turns], answers, len(images))
+                prompt = render_prompt(target.processor, sample.turns[:n_turns], answers, len(images), sample.history)
             result = assisted_generate(target, draft, images, prompt, self.settings.gamma, self.settings.max_new_tokens)
             stats = RunStats(new_tokens=len(result.token_ids), blocks=result.target_calls, drafted=0, accepted=0,
                              wall_s=result.wall_s)

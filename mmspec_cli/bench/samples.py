@@ -6,8 +6,11 @@ A manifest has one JSON object per line::
 
 ``images`` are paths relative to the manifest's folder (or absolute), in prompt order; an
 empty list makes a text-only sample. ``turns`` are the user questions of one conversation.
-Other keys (reference answers, ...) are ignored. Blank lines are skipped. Image files are
-opened only when their sample runs, so a missing or corrupt image fails that sample alone.
+An optional ``"history": [["question", "answer"], ...]`` gives earlier turns as they are: they
+open the conversation (the images in their first turn) but are not generated or measured;
+``turns`` then continue it. Other keys (reference answers, ...) are ignored. Blank lines are
+skipped. Image files are opened only when their sample runs, so a missing or corrupt image
+fails that sample alone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..images import load_image
+from ..prompts import check_history
 
 REQUIRED = ("id", "images", "turns", "category")
 
@@ -28,13 +32,15 @@ REQUIRED = ("id", "images", "turns", "category")
 @dataclass(frozen=True)
 class Sample:
     """One conversation to benchmark. ``images`` are file paths or PIL images (from datasets);
-    ``prompt_key`` names the TABED App. I.1 prompt used with ``--prompt-style paper``."""
+    ``prompt_key`` names the TABED App. I.1 prompt used with ``--prompt-style paper``;
+    ``history`` holds given (question, answer) turns before ``turns`` (not generated)."""
 
     id: str
     category: str
     turns: tuple[str, ...]
     images: tuple[Any, ...] = ()
     prompt_key: str | None = None
+    history: tuple[tuple[str, str], ...] = ()
 
 
 def load_sample_images(sample: Sample) -> list:
@@ -96,9 +102,13 @@ def _parse_line(line: str, path: Path, number: int) -> Sample:
                          f"got {json.dumps(images)[:80]}")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise InputError(f"{where}: 'turns' must be a non-empty list of questions, got {json.dumps(turns)[:80]}")
+    try:
+        history = check_history(data.get("history", []))
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
     folder = path.parent
     paths = tuple(Path(os.path.expanduser(i)) if os.path.isabs(os.path.expanduser(i)) else folder / i for i in images)
-    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths)
+    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths, history=tuple(history))
 
 
 # --------------------------------------------------------------------------- selection

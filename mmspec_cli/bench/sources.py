@@ -19,11 +19,17 @@ DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
 
 
 def demo_suite(name: str) -> list[Sample]:
-    """A held-out synthetic suite (:mod:`mmspec_cli.demo`): its images rendered, its name as category."""
+    """A held-out synthetic suite (:mod:`mmspec_cli.demo`): its images rendered, its name as category.
+
+    A conversation measures its last turn: the earlier turns are given as history with their
+    reference answers. So ``demo-followup`` measures the follow-up turns alone, as TABED Table 1
+    reports second turns apart from first turns (a first turn here is a ``demo-single`` task).
+    """
     from ..demo import scenes, tasks
 
-    return [Sample(id=s.id, category=name, turns=tuple(s.questions),
-                   images=tuple(scenes.render(scene, scenes.DISPLAY_SIZE) for scene in s.images))
+    return [Sample(id=s.id, category=name, turns=(s.questions[-1],),
+                   images=tuple(scenes.render(scene, scenes.DISPLAY_SIZE) for scene in s.images),
+                   history=tuple(s.turns[:-1]))
             for s in tasks.suite(name)]
 
 

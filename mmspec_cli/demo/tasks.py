@@ -73,7 +73,7 @@ SUITE_SEEDS: dict[str, range] = {
 QUALITY_SEEDS = range(HELDOUT_SEED_START + 4 * _STRIDE, HELDOUT_SEED_START + 5 * _STRIDE)
 EXAMPLE_SEED = HELDOUT_SEED_START + 5 * _STRIDE  # the images in examples/ (mmspec_cli.demo.examples)
 SUITES: tuple[str, ...] = (*SUITE_FAMILIES, "demo-all")
-DEFAULT_SUITE_SIZE = 20
+DEFAULT_SUITE_SIZE = 50  # per suite; at 20 the m-vs-t order on follow-up turns changed with the sample count
 FAMILIES: tuple[str, ...] = ("single", "pair", "story", "followup", "caption")
 FAMILY_IMAGES: dict[str, int] = {"single": 1, "pair": 2, "story": 5, "followup": 1, "caption": 1}
 TRAINING_WEIGHTS: dict[str, float] = {"single": 35, "pair": 20, "story": 10, "followup": 20, "caption": 15}
@@ -900,7 +900,7 @@ def make_sample(family: str, seed: int) -> Sample:
 # --- suites, training corpus, quality questions --------------------------------------------------
 
 def suite(name: str, n: int | None = None) -> list[Sample]:
-    """A held-out suite: ``n`` (default 20) samples of each family in it, from its own seed range."""
+    """A held-out suite: ``n`` (default ``DEFAULT_SUITE_SIZE``) samples of each family in it, from its own seed range."""
     n = DEFAULT_SUITE_SIZE if n is None else n
     if n < 0:
         raise ValueError(f"n must be >= 0, not {n}")
