@@ -338,7 +338,7 @@ def test_assisted_generate_counts_target_calls_and_restores_the_draft_config(tin
     assert 1 <= result.target_calls <= len(result.token_ids) and result.draft_calls >= result.target_calls - 1
 
 
-def test_paper_prompts(files, tmp_path):
+def test_paper_prompts(files, tmp_path, run):
     assert prompt_key_for("LLaVA-W") == "llava-w" and prompt_key_for("Spot-the-Diff") == "spot-the-diff"
     assert prompt_key_for("demo") is None
     first = paper_prompt("llava-w", " What is it? ", 1)
@@ -354,6 +354,9 @@ def test_paper_prompts(files, tmp_path):
     records = read_jsonl(out)
     assert [(r["turn"], r["prompt_style"]) for r in records] == [(0, "paper"), (1, "paper")] * 2
     assert json.loads(result.stdout)["token_check"]["compared"] == 2
+    # the manifest's category "llava-w" took the paper's prompt, longer than the chat template's
+    default = {r["turn"]: r["prompt_tokens"] for r in run["records"] if r["id"] == "s0" and r["drafter"] == "ar"}
+    assert records[0]["prompt_tokens"] > default[0] + 10  # "For the following question, provide ..."
 
 
 @pytest.mark.parametrize("style", ["default", "paper"])
@@ -370,8 +373,11 @@ def test_a_given_history_continues_the_conversation_as_if_generated(files, tmp_p
     result = bench(files, manifest, "--drafters", "ar,m", "--prompt-style", style, "--out", str(out), "--format", "json")
     assert result.exit_code == 0, result.stderr
     records = read_jsonl(out)
-    assert [(r["turn"], r["drafter"]) for r in records] == [(0, "ar"), (0, "m")]
+    assert [(r["turn"], r["drafter"], r["history_turns"]) for r in records] == [(0, "ar", 1), (0, "m", 1)]
     assert all(r["token_ids"] == second["token_ids"] and r["prompt_tokens"] == second["prompt_tokens"] for r in records)
+    # resuming records whose turn 0 was the conversation's first turn would mix two different turns
+    assert_one_line_error(bench(files, manifest, "--drafters", "ar", "--prompt-style", style, "--out", str(whole),
+                                "--resume"), "made after 0 given history turn(s), but this run gives 1")
 
 
 def test_engine_history_is_checked_and_rendered_before_the_questions(tiny_models):

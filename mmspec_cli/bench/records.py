@@ -5,9 +5,11 @@ A record::
     {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks",
      "block_efficiency", "acceptance_rate", "wall_s", "tokens_per_s",
      "drafted", "accepted", "prompt_tokens", "gamma", "temperature", "max_new_tokens", "prompt_style",
-     "target", "draft", "top_p", "top_k", "seed", "ensemble", "members"?, "weights"?, "caption_s"?}
+     "target", "draft", "top_p", "top_k", "seed", "ensemble", "members"?, "weights"?, "caption_s"?,
+     "history_turns"?}
 
-``weights`` (one list per block, in ``members`` order) appear for ensemble drafters. A
+``weights`` (one list per block, in ``members`` order) appear for ensemble drafters;
+``history_turns`` (how many given turns opened the conversation) for samples with a history. A
 sample that failed is ``{"id", "category", "drafter", "error"}``. The extra keys make the
 summary recomputable from the file alone: acceptance over several turns needs the counts,
 Eq. (1) needs γ and the prompt length, the token check needs the temperature.
@@ -50,6 +52,8 @@ def turn_record(sample: Sample, turn: int, drafter: str, token_ids: Sequence[int
     if members:
         record["members"] = list(members)
         record["weights"] = [None if w is None else list(w) for w in (weights or [])]
+    if sample.history:
+        record["history_turns"] = len(sample.history)  # turn numbers count from after these
     return record
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from ..api import ModelSet
 from . import HF_ASSISTED
 from ..engine import SpeculativeDecoder, TurnFinished, TurnStarted
-from ..errors import MmspecError
+from ..errors import InputError, MmspecError
 from ..hf_assisted import assisted_generate
 from ..metrics import RunStats
 from ..prompts import image_placeholder, process, render_prompt
@@ -72,6 +72,17 @@ def todo(samples: Sequence[Sample], settings: RunSettings, done: set[tuple[str, 
             if missing:
                 out[(sample.id, drafter)] = missing
     return out
+
+
+def check_resumed_history(samples: Sequence[Sample], records: Sequence[Record]) -> None:
+    """Refuse to resume records whose conversations opened with another number of given turns
+    than these samples' (a changed manifest or suite): their turn numbers mean other turns."""
+    given = {s.id: len(s.history) for s in samples}
+    for record in records:
+        if record["id"] in given and "error" not in record and record.get("history_turns", 0) != given[record["id"]]:
+            raise InputError(f"--out holds results of sample '{record['id']}' made after "
+                             f"{record.get('history_turns', 0)} given history turn(s), but this run gives "
+                             f"{given[record['id']]}; the manifest or suite changed, so choose another --out")
 
 
 def failure_message(exc: BaseException) -> str:

@@ -8,7 +8,9 @@ A manifest has one JSON object per line::
 empty list makes a text-only sample. ``turns`` are the user questions of one conversation.
 An optional ``"history": [["question", "answer"], ...]`` gives earlier turns as they are: they
 open the conversation (the images in their first turn) but are not generated or measured;
-``turns`` then continue it. Other keys (reference answers, ...) are ignored. Blank lines are
+``turns`` then continue it. A ``category`` naming a TABED dataset (``LLaVA-W``, ``DocVQA``,
+``Spot-the-Diff``, ... see ``prompts.prompt_key_for``) takes that dataset's App. I.1 prompt
+under ``--prompt-style paper``. Other keys (reference answers, ...) are ignored. Blank lines are
 skipped. Image files are opened only when their sample runs, so a missing or corrupt image
 fails that sample alone.
 """
@@ -25,6 +27,7 @@ from typing import Any
 from ..errors import InputError
 from ..images import load_image
 from ..prompts import check_history
+from .prompts import prompt_key_for
 
 REQUIRED = ("id", "images", "turns", "category")
 
@@ -108,7 +111,8 @@ def _parse_line(line: str, path: Path, number: int) -> Sample:
         raise InputError(f"{where}: {exc}") from None
     folder = path.parent
     paths = tuple(Path(os.path.expanduser(i)) if os.path.isabs(os.path.expanduser(i)) else folder / i for i in images)
-    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths, history=tuple(history))
+    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths,
+                  prompt_key=prompt_key_for(category), history=tuple(history))
 
 
 # --------------------------------------------------------------------------- selection

@@ -18,8 +18,9 @@ from .samples import Sample, read_manifest
 DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
 
 
-def demo_suite(name: str) -> list[Sample]:
-    """A held-out synthetic suite (:mod:`mmspec_cli.demo`): its images rendered, its name as category.
+def demo_suite(name: str, n: int | None = None) -> list[Sample]:
+    """The first ``n`` samples (default ``tasks.DEFAULT_SUITE_SIZE``) of a held-out synthetic suite
+    (:mod:`mmspec_cli.demo`): its images rendered, its name as category.
 
     A conversation measures its last turn: the earlier turns are given as history with their
     reference answers. So ``demo-followup`` measures the follow-up turns alone, as TABED Table 1
@@ -30,7 +31,7 @@ def demo_suite(name: str) -> list[Sample]:
     return [Sample(id=s.id, category=name, turns=(s.questions[-1],),
                    images=tuple(scenes.render(scene, scenes.DISPLAY_SIZE) for scene in s.images),
                    history=tuple(s.turns[:-1]))
-            for s in tasks.suite(name)]
+            for s in tasks.suite(name, n)]
 
 
 #: Built-in suites: name -> function building the samples (TABED §4.1's input scenarios, generated).

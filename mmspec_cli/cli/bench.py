@@ -156,7 +156,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
          resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool) -> int:
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
-    from mmspec_cli.bench.runner import RunSettings, todo
+    from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
     from mmspec_cli.bench.samples import select
     from mmspec_cli.bench.sources import resolve
 
@@ -176,6 +176,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                            top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble)
     with ResultsFile.open(out, resume, settings.record_fields()) as results:
         samples = select(resolve(source, limit), limit, shard)
+        check_resumed_history(samples, results.records)
         pending = todo(samples, settings, results.done())
         if not samples:
             typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
