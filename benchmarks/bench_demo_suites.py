@@ -125,6 +125,8 @@ def paired_interval(pairs: list[tuple[dict[str, float], dict[str, float]]], scal
     """
     rng = random.Random(seed)
     diffs = [[a[i] - scale * b[i] for i in sorted(a) if i in b] for a, b in pairs]
+    if not all(diffs):
+        return float("nan"), float("nan"), float("nan")  # a suite without paired samples
     point = sum(sum(d) / len(d) for d in diffs) / len(diffs)
     means = sorted(sum(sum(rng.choices(d, k=len(d))) / len(d) for d in diffs) / len(diffs) for _ in range(reps))
     return point, means[int(0.025 * reps)], means[int(0.975 * reps) - 1]
@@ -151,6 +153,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.first is not None and not args.judge_only:
         parser.error("--first N re-judges records; pass it with --judge-only")
+    if args.samples is not None and args.judge_only:
+        parser.error("--samples N sets the size of a new run; to re-judge fewer samples use --first N")
     out = Path(args.out or tempfile.mkdtemp(prefix="mmspec-demo-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     records = out / "demo-all.jsonl"
