@@ -105,15 +105,15 @@ def first_samples(records: Path, n: int, dest: Path) -> Path:
 
 
 def per_sample(records: Path) -> dict[tuple[str, str], dict[str, float]]:
-    """(suite, drafter) -> sample id -> τ of that sample (its tokens / its target calls, as ``bench``)."""
-    sums: dict[tuple[str, str], dict[str, list[int]]] = {}
-    for line in records.read_text().splitlines():
-        r = json.loads(line) if line.strip() else {}
-        if "turn" in r:
-            totals = sums.setdefault((r["category"], r["drafter"]), {}).setdefault(r["id"], [0, 0])
-            totals[0] += r["new_tokens"]
-            totals[1] += r["blocks"]
-    return {k: {i: t / b for i, (t, b) in v.items()} for k, v in sums.items()}
+    """(suite, drafter) -> sample id -> τ of that sample, as ``bench``'s summary computes it
+    (failed (sample, drafter) pairs left out)."""
+    from mmspec_cli.bench.summary import sample_block_efficiency, split_records
+
+    turns, _ = split_records(json.loads(line) for line in records.read_text().splitlines() if line.strip())
+    grouped: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for r in turns:
+        grouped.setdefault((r["category"], r["drafter"]), {}).setdefault(r["id"], []).append(r)
+    return {k: {i: sample_block_efficiency(rs) for i, rs in v.items()} for k, v in grouped.items()}
 
 
 def paired_interval(pairs: list[tuple[dict[str, float], dict[str, float]]], scale: float = 1.0, reps: int = 10000,
