@@ -558,8 +558,7 @@ def test_pil_images_from_datasets_load(tmp_path):
 
 
 def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
-    from mmspec_cli.bench.sources import resolve
-
+    from mmspec_cli.bench.sources import DEMO_SUITES, resolve
     from mmspec_cli.demo.tasks import DEFAULT_SUITE_SIZE, suite
 
     first, again = resolve("demo-story"), resolve("demo-story")
@@ -571,8 +570,9 @@ def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
     followups, conversations = resolve("demo-followup"), suite("demo-followup")
     assert all(s.history == (c.turns[0],) and s.turns == (c.turns[1][0],) for s, c in zip(followups, conversations))
     assert all(s.history == () for s in first)
-    result = bench(files, "demo-followup", "--drafters", "ar,m", "--limit", "1", "--format", "json")
+    assert [s.category for s in resolve("demo-all", 2)] == [c for c in DEMO_SUITES for _ in range(2)]
+    result = bench(files, "demo-all", "--drafters", "ar,m", "--limit", "1", "--format", "json")
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
-    assert {r["category"] for r in summary["rows"]} >= {"demo-followup"}
+    summary = json.loads(result.stdout)  # --limit 1 on demo-all: one sample of every suite
+    assert {r["category"] for r in summary["rows"]} == {*DEMO_SUITES, "all"}
 

@@ -35,8 +35,10 @@ def demo_suite(name: str, n: int | None = None) -> list[Sample]:
 
 
 #: Built-in suites: name -> function building the samples (TABED §4.1's input scenarios, generated).
-SUITES: dict[str, Callable[[], list[Sample]]] = {name: (lambda name=name: demo_suite(name)) for name in DEMO_SUITES}
-SUITES["demo-all"] = lambda: [sample for name in DEMO_SUITES for sample in demo_suite(name)]
+#: Each takes the number of samples per suite (None: the default size).
+SUITES: dict[str, Callable[[int | None], list[Sample]]] = {
+    name: (lambda n=None, name=name: demo_suite(name, n)) for name in DEMO_SUITES}
+SUITES["demo-all"] = lambda n=None: [sample for name in DEMO_SUITES for sample in demo_suite(name, n)]
 
 
 def _known_suites() -> str:
@@ -44,14 +46,15 @@ def _known_suites() -> str:
 
 
 def resolve(source: str, limit: int | None = None) -> list[Sample]:
-    """The samples SOURCE names (``limit`` lets a dataset stop reading early; the caller still applies it)."""
+    """The samples SOURCE names, the first ``limit`` of them. For ``demo-all`` that is the first
+    ``limit`` of each suite, so a short run still covers every scenario; a dataset stops reading there."""
     path = Path(os.path.expanduser(source))
     if path.is_file():
-        return read_manifest(path)
+        return read_manifest(path)[:limit]
     if path.is_dir():
         raise InputError(f"SOURCE {source} is a directory; pass a JSONL manifest file")
     if source in SUITES:
-        return SUITES[source]()
+        return SUITES[source](limit)
     if hub.is_known(source):
         return hub.load(source, limit)
     datasets = ", ".join(hub.DATASETS)

@@ -31,7 +31,7 @@ def bench(
     drafters: Annotated[str, typer.Option(metavar="LIST", help=(
         "Comma list of drafters, e.g. ar,m,t,tabed; hf-assisted runs Hugging Face assisted generation."))] = "ar,m,t,tabed",
     profile: ProfileName = None,
-    limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding).")] = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding); demo-all: N of each suite.")] = None,
     turns: Annotated[int | None, typer.Option(metavar="N", help="Run at most N turns of each sample.")] = None,
     out: Annotated[str | None, typer.Option(metavar="FILE", help=(
         "Append one JSON line per (sample, turn, drafter) here; {rank} becomes the shard index."))] = None,
@@ -175,7 +175,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,
                            top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble)
     with ResultsFile.open(out, resume, settings.record_fields()) as results:
-        samples = select(resolve(source, limit), limit, shard)
+        samples = select(resolve(source, limit), shard=shard)
         check_resumed_history(samples, results.records)
         pending = todo(samples, settings, results.done())
         if not samples:

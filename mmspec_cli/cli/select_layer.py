@@ -79,7 +79,7 @@ def _check_write(write: str | None, profile: Profile) -> Path | None:
 
 def _samples(sources: list[str], questions: list[str], limit: int | None) -> list:
     """A calibration set: images with -q (one sample), or one SOURCE resolved like ``bench``'s."""
-    from mmspec_cli.bench.samples import Sample, select
+    from mmspec_cli.bench.samples import Sample
     from mmspec_cli.images import load_images
 
     if questions:
@@ -89,7 +89,7 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
                          "or image files with -q QUESTION")
     from mmspec_cli.bench.sources import resolve
 
-    samples = select(resolve(sources[0], limit), limit)
+    samples = resolve(sources[0], limit)
     if not samples:
         raise InputError(f"SOURCE {sources[0]} holds no samples; pass a calibration set with at least one")
     return samples
