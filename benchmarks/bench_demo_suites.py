@@ -95,7 +95,9 @@ def suites_manifest(n: int, folder: Path) -> Path:
 def first_samples(records: Path, n: int, dest: Path) -> Path:
     """Copy to ``dest`` the records of the first ``n`` samples of each suite (suites list their
     samples in seed order, and ids end in the seed)."""
-    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    from mmspec_cli.bench.records import read_records
+
+    rows = read_records([records])
     seeds: dict[str, set[int]] = {}
     for r in rows:
         seeds.setdefault(r["category"], set()).add(int(r["id"].rsplit("-", 1)[1]))
@@ -107,9 +109,10 @@ def first_samples(records: Path, n: int, dest: Path) -> Path:
 def per_sample(records: Path) -> dict[tuple[str, str], dict[str, float]]:
     """(suite, drafter) -> sample id -> τ of that sample, as ``bench``'s summary computes it
     (failed (sample, drafter) pairs left out)."""
+    from mmspec_cli.bench.records import read_records
     from mmspec_cli.bench.summary import sample_block_efficiency, split_records
 
-    turns, _ = split_records(json.loads(line) for line in records.read_text().splitlines() if line.strip())
+    turns, _ = split_records(read_records([records]))
     grouped: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for r in turns:
         grouped.setdefault((r["category"], r["drafter"]), {}).setdefault(r["id"], []).append(r)
