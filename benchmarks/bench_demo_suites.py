@@ -163,7 +163,7 @@ def main() -> None:
     records = out / "demo-all.jsonl"
     print(f"machine: {machine()}")
 
-    from mmspec_cli.profiles import load_profile
+    from mmspec_cli.models.profiles import load_profile
 
     gamma = args.gamma or load_profile(None).decoding.gamma
     if not args.judge_only:

@@ -1,7 +1,7 @@
 """mmspec's speculative engine against Hugging Face assisted generation, side by side, on CPU.
 
-One run builds tiny LLaVA target/draft pairs with ``mmspec_cli.tiny``, saves them, loads them
-through ``mmspec_cli.models.load_model`` (float32, cpu) and, on the SAME models and inputs
+One run builds tiny LLaVA target/draft pairs with ``tests.tiny``, saves them, loads them
+through ``mmspec_cli.models.loading.load_model`` (float32, cpu) and, on the SAME models and inputs
 (1 image + a question, greedy, γ constant), measures:
 
 1. output token ids of mmspec (drafter ``m``) and of ``target.generate(assistant_model=draft)``:
@@ -62,13 +62,14 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from mmspec_cli import tiny
-from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
-from mmspec_cli.hf_assisted import assisted_generate
-from mmspec_cli.models import LoadedModel, load_model
-from mmspec_cli.profiles import ModelSpec
-from mmspec_cli.prompts import render_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the tests' model builders
+from tests import tiny  # noqa: E402  (test code, not part of the installed package)
+from mmspec_cli.drafters import build_drafter  # noqa: E402
+from mmspec_cli.decoding.engine import SpeculativeDecoder  # noqa: E402
+from mmspec_cli.bench.hf_assisted import assisted_generate  # noqa: E402
+from mmspec_cli.models.loading import LoadedModel, load_model  # noqa: E402
+from mmspec_cli.models.profiles import ModelSpec  # noqa: E402
+from mmspec_cli.models.prompts import render_prompt  # noqa: E402
 
 QUESTION = "what is in the image?"
 TARGET_TIME_RATIO = 1.00  # mmspec per-token time / HF per-token time must be <= this
@@ -228,7 +229,7 @@ def run_mmspec(target, draft, images, args, meters=None) -> RunResult:
 
 
 def run_hf(target, draft, images, args) -> RunResult:
-    """HF assisted generation as mmspec bench runs it (``mmspec_cli.hf_assisted``): γ set on the
+    """HF assisted generation as mmspec bench runs it (``mmspec_cli.bench.hf_assisted``): γ set on the
     assistant's own generation_config for the call; processor, generate and text decoding timed."""
     text = render_prompt(target.processor, [QUESTION], [], len(images))  # the same prompt text mmspec renders
     result = assisted_generate(target, draft, images, text, args.gamma, args.max_new_tokens)

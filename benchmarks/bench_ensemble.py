@@ -1,8 +1,8 @@
 """In-batch ensemble drafting (IbED / TABED) on CPU: what the extra rows and the weight update cost.
 
-One run builds tiny LLaVA models (``mmspec_cli.tiny`` pieces, with a bigger image than
+One run builds tiny LLaVA models (``tests.tiny`` pieces, with a bigger image than
 ``tiny``'s 28 px so that an image is a realistic-ish run of placeholder tokens), saves them,
-loads them through ``mmspec_cli.models.load_model`` (float32, cpu) and measures, side by
+loads them through ``mmspec_cli.models.loading.load_model`` (float32, cpu) and measures, side by
 side, for two drafts of one target (a TABED-like small draft, at most 1/10 of the target,
 and a large one, a perturbed copy of the target):
 
@@ -59,19 +59,20 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: the tests' model builders
 from bench_engine_vs_hf import _short, machine_lines  # noqa: E402  (house helpers, shared not copied)
 
-from mmspec_cli import tiny  # noqa: E402
-from mmspec_cli.captioner import Captioner  # noqa: E402
+from tests import tiny  # noqa: E402
+from mmspec_cli.drafters.captioner import Captioner  # noqa: E402
 from mmspec_cli.drafters import build_drafter  # noqa: E402
 from mmspec_cli.drafters.rows import BatchedRows  # noqa: E402
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row  # noqa: E402
-from mmspec_cli.engine import SpeculativeDecoder  # noqa: E402
-from mmspec_cli.ensemble import KL_FLOOR, PolicyConfig, WeightPolicy  # noqa: E402
-from mmspec_cli.models import LoadedModel, load_model  # noqa: E402
-from mmspec_cli.profiles import ModelSpec  # noqa: E402
-from mmspec_cli.prompts import process, render_prompt  # noqa: E402
-from mmspec_cli.runner import CachedModel  # noqa: E402
+from mmspec_cli.decoding.engine import SpeculativeDecoder  # noqa: E402
+from mmspec_cli.drafters.weights import KL_FLOOR, PolicyConfig, WeightPolicy  # noqa: E402
+from mmspec_cli.models.loading import LoadedModel, load_model  # noqa: E402
+from mmspec_cli.models.profiles import ModelSpec  # noqa: E402
+from mmspec_cli.models.prompts import process, render_prompt  # noqa: E402
+from mmspec_cli.decoding.kv import CachedModel  # noqa: E402
 
 QUESTION = "what is in the image?"
 TARGET_ROWS_RATIO = 1.15  # one draft step with 4 rows / with 1 row must be <= this

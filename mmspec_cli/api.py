@@ -1,7 +1,7 @@
 """The importable entry point: a profile in, a ready :class:`SpeculativeDecoder` out.
 
     from mmspec_cli.api import load_decoder
-    from mmspec_cli.images import load_images
+    from mmspec_cli.models.images import load_images
     decoder = load_decoder("llava15-7b", drafter="m")
     generation = decoder.generate(load_images(["img.jpg"]), ["Describe the image."])
     print(generation.turns[0].text, generation.stats.block_efficiency)
@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .captioner import Captioner
-from .drafters import build_drafter, parse_drafter
-from .drafters.registry import require_captioner
-from .drafters.ssd import check_layer, layer_count, require_layer
-from .engine import SpeculativeDecoder
-from .ensemble import PolicyConfig
-from .models import LoadedModel, check_compatible, load_model
-from .profiles import Profile, apply_overrides, load_profile
-from .sampling import SamplingParams
+from mmspec_cli.drafters.captioner import Captioner
+from mmspec_cli.drafters import build_drafter, parse_drafter
+from mmspec_cli.drafters.registry import require_captioner
+from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.drafters.weights import PolicyConfig
+from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
+from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.decoding.sampling import SamplingParams
 
 
 @dataclass

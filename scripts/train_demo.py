@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from mmspec_cli.demo.build import BuildPlan, build
+from mmspec_cli.demo.training.build import BuildPlan, build
 from mmspec_cli.demo.quality import answer_questions, score_answers
 from mmspec_cli.demo.tasks import quality_questions
-from mmspec_cli.models import shipped_models_dir
+from mmspec_cli.models.loading import shipped_models_dir
 
 
 def main() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmspec_cli.models import load_model
-from mmspec_cli.profiles import ModelSpec
+from mmspec_cli.models.loading import load_model
+from mmspec_cli.models.profiles import ModelSpec
 
-from mmspec_cli import tiny
+from tests import tiny
 
 
 # Tiny models: one thread is faster than two and keeps timings steady on a shared 2-core machine.

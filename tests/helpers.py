@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from mmspec_cli import tiny
+from tests import tiny
 
 
 def write_profile(path: Path, target: str, draft: str, **decoding) -> str:

@@ -21,7 +21,9 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
-from mmspec_cli import api, latency, tiny
+from mmspec_cli import api
+from mmspec_cli.bench import latency
+from tests import tiny
 from mmspec_cli.bench import hub, records as records_mod
 from mmspec_cli.bench.prompts import continue_prompt, paper_prompt, prompt_key_for
 from mmspec_cli.bench.report import table
@@ -29,13 +31,13 @@ from mmspec_cli.bench.samples import Sample, parse_shard, select
 from mmspec_cli.bench.summary import ranks, summarize, token_check
 from mmspec_cli.cli.app import app
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError
-from mmspec_cli.hf_assisted import assisted_generate
-from mmspec_cli.models import resolve_device
-from mmspec_cli.prompts import render_prompt
+from mmspec_cli.bench.hf_assisted import assisted_generate
+from mmspec_cli.models.loading import resolve_device
+from mmspec_cli.models.prompts import render_prompt
 
-from .helpers import save_images, write_profile
+from tests.helpers import save_images, write_profile
 
 MAX_NEW = 6
 DRAFTERS = "ar,m,t"

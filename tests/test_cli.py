@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 from mmspec_cli import __version__, api
 from mmspec_cli.cli.app import app
-from mmspec_cli.display import (ACCEPTED, EMITTED, REJECTED, IncrementalText, LiveView, color_block,
-                                generation_json, summary_line)
-from mmspec_cli.engine import BlockVerified, Generation, TurnFinished, TurnResult, TurnStarted
-from mmspec_cli.images import load_images
-from mmspec_cli.metrics import RunStats
+from mmspec_cli.cli.display import (ACCEPTED, EMITTED, REJECTED, IncrementalText, LiveView, color_block,
+                                    generation_json, summary_line)
+from mmspec_cli.decoding.engine import BlockVerified, Generation, TurnFinished, TurnResult, TurnStarted
+from mmspec_cli.models.images import load_images
+from mmspec_cli.decoding.metrics import RunStats
 
-from .helpers import save_images, write_profile
+from tests.helpers import save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 10
@@ -308,7 +308,7 @@ def test_generation_json_includes_ensemble_weights():
 
 
 def test_weight_bars_show_each_member():
-    from mmspec_cli.display import weight_bars
+    from mmspec_cli.cli.display import weight_bars
 
     bars = weight_bars(["m", "t"], [0.7, 0.3]).plain
     assert bars.startswith("m ███████··· 0.70") and "t ███······· 0.30" in bars

@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 from mmspec_cli import api
 from mmspec_cli.cli import compare as compare_cli
 from mmspec_cli.cli.app import app
-from mmspec_cli.comparison import Divergence, ShareSpec, first_divergence, share_spec, sparkline, weight_share
-from mmspec_cli.engine import BlockVerified, Generation, TurnResult
+from mmspec_cli.cli.comparison import Divergence, ShareSpec, first_divergence, share_spec, sparkline, weight_share
+from mmspec_cli.decoding.engine import BlockVerified, Generation, TurnResult
 from mmspec_cli.errors import InputError
-from mmspec_cli.metrics import RunStats
-from mmspec_cli.profiles import load_profile
+from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.models.profiles import load_profile
 
-from .helpers import save_images, write_profile
+from tests.helpers import save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 12

@@ -15,9 +15,9 @@ from mmspec_cli.cli.app import app
 from mmspec_cli.demo.examples import example_images
 from mmspec_cli.demo.quality import answer_questions, score_answers
 from mmspec_cli.demo.tasks import quality_questions
-from mmspec_cli.demo.train import language_model_parameters
-from mmspec_cli.models import check_compatible, load_model, shipped_models, shipped_models_dir
-from mmspec_cli.profiles import load_profile
+from mmspec_cli.demo.training.train import language_model_parameters
+from mmspec_cli.models.loading import check_compatible, load_model, shipped_models, shipped_models_dir
+from mmspec_cli.models.profiles import load_profile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 runner = CliRunner()

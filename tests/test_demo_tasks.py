@@ -12,23 +12,9 @@ from PIL import Image
 
 from mmspec_cli.demo import scenes, tasks
 from mmspec_cli.demo.scenes import COLOURS, PLURALS, POSITIONS, Scene, Shape, change, make_story, random_scene, render
-from mmspec_cli.demo.tasks import (
-    FAMILIES,
-    NUMBER_WORDS,
-    QUALITY_SEEDS,
-    SUITE_SEEDS,
-    TRAIN_SEEDS,
-    answer_correct,
-    caption,
-    keyword_match,
-    make_sample,
-    number,
-    quality_questions,
-    suite,
-    to_manifest,
-    training_corpus,
-    word_count,
-)
+from mmspec_cli.demo.tasks import (FAMILIES, NUMBER_WORDS, QUALITY_SEEDS, SUITE_SEEDS, TRAIN_SEEDS, answer_correct,
+                                   caption, keyword_match, make_sample, number, quality_questions, suite, to_manifest,
+                                   training_corpus, word_count)
 
 N = 150  # samples per family in the sweeps (all of them run in well under a second each)
 

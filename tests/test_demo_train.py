@@ -8,25 +8,14 @@ import torch
 
 from mmspec_cli.demo import tasks
 from mmspec_cli.demo.scenes import COLOURS, KINDS, Scene, Shape, render
-from mmspec_cli.demo.train import (
-    IGNORE,
-    ModelSize,
-    build_model,
-    build_processor,
-    cell_labels,
-    encode,
-    freeze_vision,
-    language_model_parameters,
-    length_grouped_batches,
-    pretrain_vision,
-    save_half,
-    train,
-)
+from mmspec_cli.demo.training.train import (IGNORE, ModelSize, build_model, build_processor, cell_labels, encode,
+                                            freeze_vision, language_model_parameters, length_grouped_batches,
+                                            pretrain_vision, save_half, train)
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
-from mmspec_cli.models import load_model
-from mmspec_cli.profiles import ModelSpec
-from mmspec_cli.prompts import render_prompt, text_only_ids
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.models.loading import load_model
+from mmspec_cli.models.profiles import ModelSpec
+from mmspec_cli.models.prompts import render_prompt, text_only_ids
 
 IMAGE, PATCH = 32, 8
 
@@ -141,7 +130,7 @@ def test_vision_pretraining_learns_what_and_where():
 def test_the_draft_sees_stories_only_as_text_and_first_turns_only_keep_images():
     from dataclasses import replace
 
-    from mmspec_cli.demo.build import BuildPlan, draft_corpus
+    from mmspec_cli.demo.training.build import BuildPlan, draft_corpus
 
     samples = [tasks.make_sample(f, s) for f in ("single", "followup", "story", "pair") for s in range(2)]
     processor = build_processor(samples, vocab_size=400, image_size=IMAGE, patch_size=PATCH)
@@ -166,7 +155,7 @@ def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path, mon
 
     from safetensors.torch import load_file
 
-    from mmspec_cli.demo.build import BuildPlan, Stage, build
+    from mmspec_cli.demo.training.build import BuildPlan, Stage, build
 
     plan = replace(BuildPlan(), corpus_size=24, vocab_size=400, render_size=48, threads=1,
                    target=ModelSize(32, 1, 2, 32, 1), draft=ModelSize(16, 1, 2, 32, 1),
@@ -175,7 +164,7 @@ def test_retraining_only_the_draft_gives_the_draft_of_a_full_build(tmp_path, mon
     corpus = tasks.training_corpus(plan.corpus_size, seed=plan.seed, weights=dict(plan.family_weights))
     assert any(s.family == "story" for s in corpus)  # a sample the draft-only run encodes without pixels
     build(tmp_path / "full", plan, log=lambda line: None)
-    import mmspec_cli.demo.build as build_module
+    import mmspec_cli.demo.training.build as build_module
 
     with_pixels = []
 

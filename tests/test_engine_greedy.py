@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
-from mmspec_cli.prompts import render_prompt
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.models.prompts import render_prompt
 
 QUESTION = "what is in the image?"
 FOLLOW_UP = "and how many shapes are there?"
@@ -127,7 +127,7 @@ def test_raw_prompt_is_used_verbatim(tiny_models):
 
 
 def test_text_only_view_replaces_each_image_by_one_newline(tiny_models):
-    from mmspec_cli.prompts import newline_token_id, text_only_ids
+    from mmspec_cli.models.prompts import newline_token_id, text_only_ids
 
     tok = tiny_models["target"].tokenizer
     text = "USER: <image><image>\nhi ASSISTANT:"
@@ -158,7 +158,7 @@ def test_wall_time_does_not_count_the_consumers_time(tiny_models):
     """A slow consumer of the event stream (a live display) must not lower the reported tokens/s."""
     import time
 
-    from mmspec_cli.engine import TurnFinished
+    from mmspec_cli.decoding.engine import TurnFinished
 
     target = tiny_models["target"]
     decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,

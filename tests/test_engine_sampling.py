@@ -13,13 +13,13 @@ from collections import Counter
 import pytest
 import torch
 
-from mmspec_cli import engine as engine_module
-from mmspec_cli import tiny
+from mmspec_cli.decoding import engine as engine_module
+from tests import tiny
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
-from mmspec_cli.prompts import process, render_prompt
-from mmspec_cli.sampling import SamplingParams, probabilities
-from mmspec_cli.verify import Verdict
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.sampling import SamplingParams, probabilities
+from mmspec_cli.decoding.verify import Verdict
 
 PARAMS = SamplingParams(temperature=1.0, top_k=4)
 QUESTION = "what is in the image?"

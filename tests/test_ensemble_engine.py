@@ -6,23 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmspec_cli import tiny
-from mmspec_cli.captioner import Captioner
+from tests import tiny
+from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.registry import parse_drafter
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, pooled_row
-from mmspec_cli.engine import SpeculativeDecoder
-from mmspec_cli.ensemble import PolicyConfig
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.drafters.weights import PolicyConfig
 from mmspec_cli.errors import InputError
-from mmspec_cli.models import load_model
-from mmspec_cli.profiles import ModelSpec
-from mmspec_cli.prompts import render_prompt
-from mmspec_cli.sampling import SamplingParams
+from mmspec_cli.models.loading import load_model
+from mmspec_cli.models.profiles import ModelSpec
+from mmspec_cli.models.prompts import render_prompt
+from mmspec_cli.decoding.sampling import SamplingParams
 
-from .test_engine_greedy import QUESTION, reference
-from .test_engine_sampling import RUNS, chi_square_p_value, exact_joint
+from tests.test_engine_greedy import QUESTION, reference
+from tests.test_engine_sampling import RUNS, chi_square_p_value, exact_joint
 
 MAX_NEW = 24
 

@@ -5,17 +5,9 @@ import math
 import pytest
 import torch
 
-from mmspec_cli.ensemble import (
-    PolicyConfig,
-    WeightPolicy,
-    adaboost_weights,
-    candidate_errors,
-    candidate_mixtures,
-    mixture,
-    random_simplex_point,
-    simplex_grid,
-    softmax_weights,
-)
+from mmspec_cli.drafters.weights import (PolicyConfig, WeightPolicy, adaboost_weights, candidate_errors,
+                                         candidate_mixtures, mixture, random_simplex_point, simplex_grid,
+                                         softmax_weights)
 
 
 def t(rows):

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from mmspec_cli import latency
+from mmspec_cli.bench import latency
 from mmspec_cli.cli.app import app
-from mmspec_cli.metrics import expected_speedup
+from mmspec_cli.decoding.metrics import expected_speedup
 
 
 def synthetic(target_ms, draft_ms):

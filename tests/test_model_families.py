@@ -20,13 +20,13 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText
 from transformers.utils import is_torchvision_available
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.drafters import NoDrafter, build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import ModelLoadError
-from mmspec_cli.models import LoadedModel, check_compatible, load_model
-from mmspec_cli.profiles import ModelSpec
-from mmspec_cli.prompts import process, render_prompt
+from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
+from mmspec_cli.models.profiles import ModelSpec
+from mmspec_cli.models.prompts import process, render_prompt
 
 QUESTION = "what is in the image?"
 FOLLOW_UP = "and how many shapes are there?"

@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec_cli.api import decoder_from_profile
 from mmspec_cli.errors import InputError, ModelLoadError
-from mmspec_cli.models import check_compatible, load_model
-from mmspec_cli.profiles import ModelSpec, profile_from_dict
+from mmspec_cli.models.loading import check_compatible, load_model
+from mmspec_cli.models.profiles import ModelSpec, profile_from_dict
 
 
 def spec(path, **kw):
@@ -70,7 +70,7 @@ def test_cuda_out_of_memory_names_the_model_and_suggests_a_fix(tiny_models, monk
     import torch
 
     from mmspec_cli.errors import MmspecError
-    from mmspec_cli.runner import CachedModel
+    from mmspec_cli.decoding.kv import CachedModel
 
     runner = CachedModel(tiny_models["target"].model, role="target", image_token_id=4)
 
@@ -84,9 +84,9 @@ def test_cuda_out_of_memory_names_the_model_and_suggests_a_fix(tiny_models, monk
 
 def test_a_draft_without_processor_files_shares_the_targets(tiny_dirs, tiny_models, tmp_path):
     """Drafts are often saved as weights only; they then use the target's tokenizer and image processor."""
-    from mmspec_cli import tiny
+    from tests import tiny
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.prompts import render_prompt
+    from mmspec_cli.models.prompts import render_prompt
 
     tiny_models["perturbed"].model.save_pretrained(tmp_path / "weights_only")  # no tokenizer, no image processor
     with pytest.raises(ModelLoadError, match="has no usable processor files"):
@@ -106,7 +106,7 @@ def test_a_draft_without_processor_files_shares_the_targets(tiny_dirs, tiny_mode
 
 
 def test_shipped_model_ids_resolve_inside_the_package_and_unknown_ones_are_refused():
-    from mmspec_cli.models import model_location, shipped_models_dir
+    from mmspec_cli.models.loading import model_location, shipped_models_dir
 
     assert model_location("mmspec:demo-target") == str(shipped_models_dir() / "demo-target")
     assert model_location("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # hub ids pass through

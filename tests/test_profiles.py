@@ -1,23 +1,14 @@
-"""Tests for mmspec_cli.profiles: parsing, defaults, refusals, overrides, round trip."""
+"""Tests for mmspec_cli.models.profiles: parsing, defaults, refusals, overrides, round trip."""
 
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mmspec_cli import profiles
+from mmspec_cli.models import profiles
 from mmspec_cli.errors import ProfileError
-from mmspec_cli.profiles import (
-    DecodingSpec,
-    ModelSpec,
-    Profile,
-    apply_overrides,
-    builtin_profiles_dir,
-    list_profiles,
-    load_profile,
-    profile_from_dict,
-    profile_to_dict,
-)
+from mmspec_cli.models.profiles import (DecodingSpec, ModelSpec, Profile, apply_overrides, builtin_profiles_dir,
+                                        list_profiles, load_profile, profile_from_dict, profile_to_dict)
 
 BUILTINS = {
     "llava15-7b": "llava-hf/llava-1.5-7b-hf",
@@ -55,7 +46,7 @@ def with_target(**values):
 
 
 def test_builtin_dir_and_names():
-    assert builtin_profiles_dir() == Path(profiles.__file__).resolve().parent.parent / "profiles"
+    assert builtin_profiles_dir() == Path(profiles.__file__).resolve().parents[2] / "profiles"  # the repo root
     assert set(BUILTINS) <= set(list_profiles())
     assert list_profiles() == sorted(list_profiles())
 

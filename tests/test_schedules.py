@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError, ProfileError
-from mmspec_cli.profiles import profile_from_dict
-from mmspec_cli.prompts import process, render_prompt
-from mmspec_cli.schedules import GammaSchedule, fastvlm_length, heuristic_next, sigmoid
+from mmspec_cli.models.profiles import profile_from_dict
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.schedules import GammaSchedule, fastvlm_length, heuristic_next, sigmoid
 
-from .test_engine_greedy import MAX_NEW, QUESTION, reference
+from tests.test_engine_greedy import MAX_NEW, QUESTION, reference
 
 
 def test_heuristic_grows_by_two_after_a_full_accept_and_shrinks_by_one_otherwise():
@@ -73,7 +73,7 @@ def test_greedy_output_is_the_targets_under_every_schedule(tiny_models, schedule
 
 def test_fastvlm_schedule_grows_with_the_context(tiny_models, monkeypatch):
     """With a small N the sigmoid is near 0.5 at the prompt's length: blocks draft γ + 4 or γ + 5 tokens."""
-    from mmspec_cli import engine
+    from mmspec_cli.decoding import engine
 
     monkeypatch.setattr(engine, "max_sequence_length", lambda config: 60)
     target = tiny_models["target"]

@@ -10,14 +10,14 @@ import yaml
 from transformers import LlavaForConditionalGeneration
 from typer.testing import CliRunner
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.cli.app import app
 from mmspec_cli.errors import InputError
-from mmspec_cli.layer_select import candidate_layers, check_lambda, choose_layer, ranked_layers, rewards
-from mmspec_cli.profiles import load_profile
+from mmspec_cli.selectlayer.reward import candidate_layers, check_lambda, choose_layer, ranked_layers, rewards
+from mmspec_cli.models.profiles import load_profile
 
-from .helpers import save_images
-from .test_cli import assert_one_line_error
+from tests.helpers import save_images
+from tests.test_cli import assert_one_line_error
 
 LAYERS = 8
 JUMP = 3  # the confidence is flat (1/V) after layers 1 and 2, and high from layer 3 on

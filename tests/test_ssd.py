@@ -8,21 +8,21 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.cli.app import app
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
-from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError, ProfileError
-from mmspec_cli.profiles import apply_overrides, profile_from_dict
-from mmspec_cli.prompts import process, render_prompt
-from mmspec_cli.sampling import TokenPicker
+from mmspec_cli.models.profiles import apply_overrides, profile_from_dict
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.sampling import TokenPicker
 
-from .conftest import load
-from .helpers import save_images, write_profile
-from .test_cli import assert_one_line_error
-from .test_engine_greedy import FOLLOW_UP, QUESTION, reference
-from .test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.conftest import load
+from tests.helpers import save_images, write_profile
+from tests.test_cli import assert_one_line_error
+from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
+from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
 
 LAYERS = 4
 

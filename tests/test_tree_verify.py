@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
-from mmspec_cli.sampling import draw_without_replacement
-from mmspec_cli.tree import Tree, tree_inputs
-from mmspec_cli.verify import recursive_rejection, verify_tree_greedy, verify_tree_sampling
+from mmspec_cli.decoding.sampling import draw_without_replacement
+from mmspec_cli.decoding.tree import Tree, tree_inputs
+from mmspec_cli.decoding.verify import recursive_rejection, verify_tree_greedy, verify_tree_sampling
 
-from .test_engine_sampling import chi_square_p_value
+from tests.test_engine_sampling import chi_square_p_value
 
 
 def one_hot_logits(ids, vocab=8):

@@ -9,21 +9,21 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmspec_cli import tiny
+from tests import tiny
 from mmspec_cli.cli.app import app
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.views import multimodal_row, text_only_row
-from mmspec_cli.engine import SpeculativeDecoder
+from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError, ModelLoadError
-from mmspec_cli.prompts import process, render_prompt
-from mmspec_cli.runner import CachedModel
-from mmspec_cli.tree import check_tree_support, check_tree_width
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
 
-from .helpers import save_images, write_profile
-from .test_cli import assert_one_line_error
-from .test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
-from .test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.helpers import save_images, write_profile
+from tests.test_cli import assert_one_line_error
+from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
+from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
 
 BRANCHES = [[50, 60, 70], [80, 90, 100], [110, 120, 130]]
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from mmspec_cli.sampling import SamplingParams, probabilities
-from mmspec_cli.verify import residual_distribution, verify_greedy, verify_sampling
+from mmspec_cli.decoding.sampling import SamplingParams, probabilities
+from mmspec_cli.decoding.verify import residual_distribution, verify_greedy, verify_sampling
 
 V = 5
 

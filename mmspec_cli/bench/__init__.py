@@ -13,4 +13,4 @@ One module per job:
 - :mod:`.report`: the summary as a rich table, JSON or CSV.
 """
 
-HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation, run as a peer row (:mod:`mmspec_cli.hf_assisted`)
+HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation, run as a peer row (:mod:`mmspec_cli.bench.hf_assisted`)

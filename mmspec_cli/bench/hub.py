@@ -41,9 +41,9 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
-from ..errors import InputError
-from .prompts import strip_image_markers
-from .samples import Sample
+from mmspec_cli.errors import InputError
+from mmspec_cli.bench.prompts import strip_image_markers
+from mmspec_cli.bench.samples import Sample
 
 INSTALL_HINT = "pip install 'mmspec[datasets]'"
 MAX_INTERLEAVE_IMAGES = 16

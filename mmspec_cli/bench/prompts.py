@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InputError
+from mmspec_cli.errors import InputError
 
 REASONING = "For the following question, provide a detailed explanation of your reasoning leading to the answer."
 _QA = "USER: <image> " + REASONING + " {question} ASSISTANT:"

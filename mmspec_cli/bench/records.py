@@ -28,12 +28,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..errors import InputError
-from ..metrics import RunStats
-from .samples import Sample
+from mmspec_cli.errors import InputError
+from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.bench.samples import Sample
 
 if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module before it needs torch
-    from ..engine import TurnResult
+    from mmspec_cli.decoding.engine import TurnResult
 
 SETTINGS = ("gamma", "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed",
             "ensemble")

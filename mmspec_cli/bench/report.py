@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from .summary import RANKED, Row, Summary, ranks
+from mmspec_cli.bench.summary import RANKED, Row, Summary, ranks
 
 FORMATS = ("table", "json", "csv")
 BEST, SECOND = "bold", "underline"

@@ -23,17 +23,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import ModelSet
-from . import HF_ASSISTED
-from ..engine import SpeculativeDecoder, TurnFinished, TurnStarted
-from ..errors import InputError, MmspecError
-from ..hf_assisted import assisted_generate
-from ..metrics import RunStats
-from ..prompts import image_placeholder, process, render_prompt
-from .progress import BenchProgress
-from .prompts import continue_prompt, paper_prompt
-from .records import Record, ResultsFile, engine_record, error_record, turn_record
-from .samples import Sample, load_sample_images
+from mmspec_cli.api import ModelSet
+from mmspec_cli.bench import HF_ASSISTED
+from mmspec_cli.decoding.engine import SpeculativeDecoder, TurnFinished, TurnStarted
+from mmspec_cli.errors import InputError, MmspecError
+from mmspec_cli.bench.hf_assisted import assisted_generate
+from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.models.prompts import image_placeholder, process, render_prompt
+from mmspec_cli.bench.progress import BenchProgress
+from mmspec_cli.bench.prompts import continue_prompt, paper_prompt
+from mmspec_cli.bench.records import Record, ResultsFile, engine_record, error_record, turn_record
+from mmspec_cli.bench.samples import Sample, load_sample_images
 
 WARMUP_TOKENS = 8
 

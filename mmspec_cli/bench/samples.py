@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..images import load_image
-from ..prompts import check_history
-from .prompts import prompt_key_for
+from mmspec_cli.errors import InputError
+from mmspec_cli.models.images import load_image
+from mmspec_cli.models.prompts import check_history
+from mmspec_cli.bench.prompts import prompt_key_for
 
 REQUIRED = ("id", "images", "turns", "category")
 

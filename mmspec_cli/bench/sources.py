@@ -11,9 +11,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import InputError
-from . import hub
-from .samples import Sample, read_manifest
+from mmspec_cli.errors import InputError
+from mmspec_cli.bench import hub
+from mmspec_cli.bench.samples import Sample, read_manifest
 
 DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
 
@@ -26,7 +26,7 @@ def demo_suite(name: str, n: int | None = None) -> list[Sample]:
     reference answers. So ``demo-followup`` measures the follow-up turns alone, as TABED Table 1
     reports second turns apart from first turns (a first turn here is a ``demo-single`` task).
     """
-    from ..demo import scenes, tasks
+    from mmspec_cli.demo import scenes, tasks
 
     return [Sample(id=s.id, category=name, turns=(s.questions[-1],),
                    images=tuple(scenes.render(scene, scenes.DISPLAY_SIZE) for scene in s.images),

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..metrics import expected_speedup
+from mmspec_cli.decoding.metrics import expected_speedup
 
 ALL = "all"
 BASELINE = "ar"

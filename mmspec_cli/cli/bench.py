@@ -19,7 +19,7 @@ from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, Prof
                                     Temperature)
 from mmspec_cli.bench import HF_ASSISTED
 from mmspec_cli.errors import InputError
-from mmspec_cli.profiles import Profile, apply_overrides, load_profile, profile_to_dict
+from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile, profile_to_dict
 
 PROMPT_STYLES = ("default", "paper")
 EXIT_FAILED = 1
@@ -195,7 +195,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
 def _load(profile: Profile, names: list[str]):
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.models import check_compatible, load_model
+    from mmspec_cli.models.loading import check_compatible, load_model
 
     engine = [n for n in names if n != HF_ASSISTED]
     models = ModelSet.load(profile, engine)
@@ -218,10 +218,10 @@ def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, fl
     """c per drafter from the latency cache of this device and the profile's model pair (empty if none)."""
     if profile is None or profile.draft is None:
         return {}
-    from mmspec_cli import latency
+    from mmspec_cli.bench import latency
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.drafters.registry import parse_drafter
-    from mmspec_cli.models import resolve_device
+    from mmspec_cli.models.loading import resolve_device
 
     measured = latency.load(latency.device_name(resolve_device(profile.target.device)), profile.target.model,
                             profile.draft.model, profile.target.revision, profile.draft.revision)

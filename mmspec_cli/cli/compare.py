@@ -18,10 +18,11 @@ import typer
 
 from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
                                     SsdLayer, TreeWidth, TopK, TopP)
-from mmspec_cli.comparison import Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline, weight_share
-from mmspec_cli.images import load_images
-from mmspec_cli.profiles import Profile, apply_overrides, load_profile
-from mmspec_cli.prompts import check_questions
+from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
+                                       weight_share)
+from mmspec_cli.models.images import load_images
+from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.models.prompts import check_questions
 
 DEFAULT_DRAFTERS = "m,t,mt,tabed"
 EXIT_DIFFERENT = 1  # greedy outputs differ: a lossless violation
@@ -286,7 +287,7 @@ def rich_report(outcome: Outcome):
     from rich.table import Table
     from rich.text import Text
 
-    from mmspec_cli.display import ACCEPTED, EMITTED
+    from mmspec_cli.cli.display import ACCEPTED, EMITTED
 
     parts: list = [Text(f"profile {outcome.profile.name}", style="dim")]
     for i, q in enumerate(outcome.questions, start=1):
@@ -326,7 +327,7 @@ def _rich_output(outcome: Outcome, generation: Any):
     """A drafter's turns, coloured block by block."""
     from rich.text import Text
 
-    from mmspec_cli.display import IncrementalText, color_block
+    from mmspec_cli.cli.display import IncrementalText, color_block
 
     out = Text()
     for i, turn in enumerate(generation.turns):

@@ -10,9 +10,9 @@ import typer
 
 from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
                                     SsdLayer, TreeWidth, Temperature, TopK, TopP)
-from mmspec_cli.images import load_images
-from mmspec_cli.profiles import Profile, apply_overrides, load_profile
-from mmspec_cli.prompts import check_questions
+from mmspec_cli.models.images import load_images
+from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.models.prompts import check_questions
 
 
 def generate(
@@ -51,7 +51,7 @@ def generate(
 def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None, live: bool,
          as_json: bool) -> None:
     """Load the models, decode, and show the result in the chosen output mode."""
-    from mmspec_cli import display  # the engine pulls in torch and transformers: import only when needed
+    from mmspec_cli.cli import display  # the engine pulls in torch and transformers: import only when needed
     from mmspec_cli.api import decoder_from_profile
 
     decoder = decoder_from_profile(profile)

@@ -16,7 +16,7 @@ import typer
 
 from mmspec_cli.cli.options import ProfileName
 from mmspec_cli.errors import InputError
-from mmspec_cli.profiles import load_profile
+from mmspec_cli.models.profiles import load_profile
 
 GAMMAS_FOR_EQ1 = range(1, 8)
 
@@ -85,9 +85,9 @@ def _require_matplotlib() -> None:
 
 
 def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
-    from mmspec_cli import latency
-    from mmspec_cli.metrics import expected_speedup
-    from mmspec_cli.models import load_model
+    from mmspec_cli.bench import latency
+    from mmspec_cli.decoding.metrics import expected_speedup
+    from mmspec_cli.models.loading import load_model
 
     target = load_model(profile.target, "target", multi_gpu_ok=True)
     draft = load_model(profile.draft, "draft")

@@ -1,6 +1,6 @@
 """``mmspec select-layer``: choose ``ssd.layer`` by FastVLM's reward (App. A.4), optionally checked by measurement.
 
-The maths is in :mod:`mmspec_cli.layer_select`, the model runs in :mod:`mmspec_cli.calibration`;
+The maths is in :mod:`mmspec_cli.selectlayer.reward`, the model runs in :mod:`mmspec_cli.selectlayer.calibration`;
 this module reads the flags, checks them before any model loads, and prints.
 """
 
@@ -16,7 +16,7 @@ import yaml
 
 from mmspec_cli.cli.options import ProfileName, Questions
 from mmspec_cli.errors import InputError
-from mmspec_cli.profiles import Profile, load_profile, profile_to_dict
+from mmspec_cli.models.profiles import Profile, load_profile, profile_to_dict
 
 
 def select_layer(
@@ -38,7 +38,7 @@ def select_layer(
 
     C_l is the target's mean max-softmax confidence, over the generated tokens, when its hidden state after layer l goes through the final norm and LM head. The reward is r_l = C_l - λ·l; the chosen layer maximises it.
     """
-    from mmspec_cli.layer_select import check_lambda
+    from mmspec_cli.selectlayer.reward import check_lambda
 
     if lam is not None:
         check_lambda(lam)
@@ -80,7 +80,7 @@ def _check_write(write: str | None, profile: Profile) -> Path | None:
 def _samples(sources: list[str], questions: list[str], limit: int | None) -> list:
     """A calibration set: images with -q (one sample), or one SOURCE resolved like ``bench``'s."""
     from mmspec_cli.bench.samples import Sample
-    from mmspec_cli.images import load_images
+    from mmspec_cli.models.images import load_images
 
     if questions:
         return [Sample(id="input", category="input", turns=tuple(questions), images=tuple(load_images(sources)))]
@@ -97,7 +97,7 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
 
 def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | None,
          empirical: int | None) -> dict[str, Any]:
-    from mmspec_cli import calibration, layer_select
+    from mmspec_cli.selectlayer import calibration, reward as layer_select
     from mmspec_cli.api import ModelSet
     from mmspec_cli.drafters.ssd import layer_count
 

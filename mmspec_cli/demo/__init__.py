@@ -4,40 +4,11 @@ Pure Python + Pillow, deterministic from integer seeds. See :mod:`.scenes` for t
 generator and renderer, :mod:`.tasks` for the task families, suites and manifests.
 """
 
-from .scenes import (
-    COLOURS,
-    KINDS,
-    POSITIONS,
-    SIZES,
-    Change,
-    Scene,
-    Shape,
-    Story,
-    change,
-    make_story,
-    random_scene,
-    render,
-)
-from .tasks import (
-    FAMILIES,
-    HELDOUT_SEED_START,
-    NUMBER_WORDS,
-    QUALITY_SEEDS,
-    SUITE_SEEDS,
-    SUITES,
-    TRAIN_SEEDS,
-    QualityQuestion,
-    Sample,
-    answer_correct,
-    caption,
-    keyword_match,
-    make_sample,
-    quality_questions,
-    suite,
-    to_manifest,
-    training_corpus,
-    word_count,
-)
+from mmspec_cli.demo.scenes import (COLOURS, KINDS, POSITIONS, SIZES, Change, Scene, Shape, Story, change, make_story,
+                                    random_scene, render)
+from mmspec_cli.demo.tasks import (FAMILIES, HELDOUT_SEED_START, NUMBER_WORDS, QUALITY_SEEDS, SUITE_SEEDS, SUITES,
+                                   TRAIN_SEEDS, QualityQuestion, Sample, answer_correct, caption, keyword_match,
+                                   make_sample, quality_questions, suite, to_manifest, training_corpus, word_count)
 
 __all__ = [
     "COLOURS", "KINDS", "POSITIONS", "SIZES", "Change", "Scene", "Shape", "Story", "change", "make_story",

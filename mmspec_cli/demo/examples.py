@@ -11,8 +11,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from .scenes import DISPLAY_SIZE, render
-from .tasks import EXAMPLE_SEED, pair_sample, single_sample, story_sample
+from mmspec_cli.demo.scenes import DISPLAY_SIZE, render
+from mmspec_cli.demo.tasks import EXAMPLE_SEED, pair_sample, single_sample, story_sample
 
 
 def example_images() -> dict[str, Image.Image]:

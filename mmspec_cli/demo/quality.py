@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..prompts import render_prompt
-from .scenes import DISPLAY_SIZE, render
-from .tasks import QualityQuestion, answer_correct, final_answer
+from mmspec_cli.models.prompts import render_prompt
+from mmspec_cli.demo.scenes import DISPLAY_SIZE, render
+from mmspec_cli.demo.tasks import QualityQuestion, answer_correct, final_answer
 
 
 @torch.inference_mode()

@@ -36,24 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .scenes import (
-    COLOURS,
-    COLUMNS,
-    KINDS,
-    PLURALS,
-    POSITIONS,
-    ROWS,
-    Change,
-    Scene,
-    Shape,
-    change,
-    direction,
-    make_story,
-    neighbours,
-    random_scene,
-    refer,
-    render,
-)
+from mmspec_cli.demo.scenes import (COLOURS, COLUMNS, KINDS, PLURALS, POSITIONS, ROWS, Change, Scene, Shape, change,
+                                    direction, make_story, neighbours, random_scene, refer, render)
 
 # --- seeds and suites ----------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..sampling import TokenPicker, draw_without_replacement
-from ..verify import Verdict
+from mmspec_cli.decoding.sampling import TokenPicker, draw_without_replacement
+from mmspec_cli.decoding.verify import Verdict
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Drafter(ABC):
         return []
 
     def bind_target(self, runner: Any) -> None:
-        """Receive the engine's target :class:`~mmspec_cli.runner.CachedModel`; ``ssd`` drafts over its cache."""
+        """Receive the engine's target :class:`~mmspec_cli.decoding.kv.CachedModel`; ``ssd`` drafts over its cache."""
 
     def slow_start(self, images: Sequence[Any]) -> bool:
         """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""

@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from ..captioner import Captioner
-from ..ensemble import PolicyConfig, WeightPolicy, mixture
-from ..models import LoadedModel
-from ..sampling import TokenPicker, working_dtype
-from ..verify import Verdict
-from .base import Draft, Drafter, TreeDraft, first_tokens
-from .rows import BatchedRows
-from .single import fit_vocab
-from .views import RowView
+from mmspec_cli.drafters.captioner import Captioner
+from mmspec_cli.drafters.weights import PolicyConfig, WeightPolicy, mixture
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.decoding.sampling import TokenPicker, working_dtype
+from mmspec_cli.decoding.verify import Verdict
+from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.drafters.rows import BatchedRows
+from mmspec_cli.drafters.single import fit_vocab
+from mmspec_cli.drafters.views import RowView
 
 
 def member_distributions(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:

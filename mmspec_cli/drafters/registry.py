@@ -15,16 +15,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..captioner import Captioner
-from ..ensemble import PolicyConfig
-from ..errors import InputError
-from ..models import LoadedModel
-from .base import Drafter, NoDrafter
-from .ensemble import EnsembleDrafter
-from .rows import llava_parts
-from .ssd import SelfSpeculativeDrafter
-from .single import SingleModelDrafter, multimodal_view, text_only_view
-from .views import caption_row, multimodal_row, pooled_row, text_only_row
+from mmspec_cli.drafters.captioner import Captioner
+from mmspec_cli.drafters.weights import PolicyConfig
+from mmspec_cli.errors import InputError
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.drafters.base import Drafter, NoDrafter
+from mmspec_cli.drafters.ensemble import EnsembleDrafter
+from mmspec_cli.drafters.rows import llava_parts
+from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
+from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
+from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
 
 LETTERS = "mtcp"
 

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..errors import ModelLoadError
-from ..runner import common_prefix_length, crop_to, same_tensors
-from ..tree import Tree, keep_positions, tree_inputs
+from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.decoding.kv import common_prefix_length, crop_to, same_tensors
+from mmspec_cli.decoding.tree import Tree, keep_positions, tree_inputs
 
 
 @dataclass(frozen=True)

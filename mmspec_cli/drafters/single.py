@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..models import LoadedModel
-from ..prompts import ModelPrompt, process, text_only_ids
-from ..runner import CachedModel
-from ..sampling import TokenPicker
-from .base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import ModelPrompt, process, text_only_ids
+from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
 
 PromptView = Callable[[str, Sequence[Any]], ModelPrompt]
 

@@ -40,13 +40,13 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from ..errors import InputError, ModelLoadError
-from ..models import LoadedModel
-from ..prompts import ModelPrompt, process
-from ..runner import CachedModel, crop_to
-from ..tree import Tree, tree_inputs
-from ..sampling import TokenPicker
-from .base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import ModelPrompt, process
+from mmspec_cli.decoding.kv import CachedModel, crop_to
+from mmspec_cli.decoding.tree import Tree, tree_inputs
+from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
 
 
 def text_decoder(model: Any) -> Any:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..captioner import Captioner
-from ..models import LoadedModel
-from ..prompts import process, replace_image_tokens, text_only_ids
-from .rows import Row, pooled_token_count
+from mmspec_cli.drafters.captioner import Captioner
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import process, replace_image_tokens, text_only_ids
+from mmspec_cli.drafters.rows import Row, pooled_token_count
 
 RowView = Callable[[str, Sequence[Any]], Row]
 

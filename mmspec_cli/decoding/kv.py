@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
-from .errors import MmspecError
-from .tree import Tree, keep_positions, tree_inputs
+from mmspec_cli.errors import MmspecError
+from mmspec_cli.decoding.tree import Tree, keep_positions, tree_inputs
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

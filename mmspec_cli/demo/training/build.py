@@ -17,22 +17,11 @@ from pathlib import Path
 import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-from . import tasks
-from .tasks import Sample
-from .scenes import DISPLAY_SIZE
-from .train import (
-    Example,
-    ModelSize,
-    build_model,
-    build_processor,
-    encode,
-    fact_token_ids,
-    freeze_vision,
-    language_model_parameters,
-    pretrain_vision,
-    save_half,
-    train,
-)
+from mmspec_cli.demo import tasks
+from mmspec_cli.demo.tasks import Sample
+from mmspec_cli.demo.scenes import DISPLAY_SIZE
+from mmspec_cli.demo.training.train import (Example, ModelSize, build_model, build_processor, encode, fact_token_ids,
+                                            freeze_vision, language_model_parameters, pretrain_vision, save_half, train)
 
 
 @dataclass(frozen=True)

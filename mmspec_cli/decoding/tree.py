@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from .errors import InputError, ModelLoadError
+from mmspec_cli.errors import InputError, ModelLoadError
 
 MAX_TREE_WIDTH = 8
 #: Decoders whose attention takes a prepared 4-D additive mask as it is (eager and sdpa attention).

@@ -3,7 +3,7 @@
 A byte-level BPE tokenizer trained with `tokenizers`, a CLIPImageProcessor from a config,
 a LlavaProcessor with a LLaVA-1.5 style chat template, and LlavaForConditionalGeneration
 models with a few small layers. Everything is saved with ``save_pretrained`` and loaded
-back through ``mmspec_cli.models.load_model``, the code path of hub ids.
+back through ``mmspec_cli.models.loading.load_model``, the code path of hub ids.
 """
 
 from __future__ import annotations
@@ -12,28 +12,11 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-    LlavaProcessor,
-    PreTrainedTokenizerFast,
-)
+from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, PreTrainedTokenizerFast
 
-SPECIAL = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
-IMAGE_TOKEN_ID = 4
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}USER: "
-    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
-    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %} "
-    "{% else %}ASSISTANT: {% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}</s>"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
+from mmspec_cli.demo.training import processor
+from mmspec_cli.demo.training.processor import CHAT_TEMPLATE, IMAGE_TOKEN_ID, SPECIAL, make_processor  # noqa: F401
+
 CORPUS = [
     "USER: what is in the image? ASSISTANT: a red circle above a blue square, and two green triangles.",
     "USER: describe the picture in detail ASSISTANT: the picture shows three yellow stars on a white background.",
@@ -44,23 +27,8 @@ CORPUS = [
 
 
 def train_tokenizer(vocab_size: int = 400, corpus=CORPUS, repeat: int = 20) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(corpus) * repeat, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
-
-
-def make_processor(tokenizer, chat_template: str | None = CHAT_TEMPLATE, image_size: int = 28,
-                   patch_size: int = 14) -> LlavaProcessor:
-    image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
-                                         crop_size={"height": image_size, "width": image_size})
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=chat_template)
+    """The demo family's BPE tokenizer, trained on the tests' small corpus."""
+    return processor.train_tokenizer(vocab_size, corpus, repeat)
 
 
 def make_config(vocab_size: int, hidden: int = 32, layers: int = 2, image_size: int = 28) -> LlavaConfig:

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from .engine import cut_after_eos, eos_ids
-from .models import LoadedModel
-from .runner import to_model
+from mmspec_cli.decoding.engine import cut_after_eos, eos_ids
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.decoding.kv import to_model
 
 ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 

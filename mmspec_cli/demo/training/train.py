@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
-from .. import tiny
-from ..prompts import render_prompt, text_only_ids
-from .scenes import COLOURS, COLUMNS, KINDS, PLURALS, ROWS, SIZES, Scene, random_scene, render
-from .tasks import CAPTION_QUESTION, NUMBER_WORDS, Sample
+from mmspec_cli.demo.training import processor as demo_processor
+from mmspec_cli.models.prompts import render_prompt, text_only_ids
+from mmspec_cli.demo.scenes import COLOURS, COLUMNS, KINDS, PLURALS, ROWS, SIZES, Scene, random_scene, render
+from mmspec_cli.demo.tasks import CAPTION_QUESTION, NUMBER_WORDS, Sample
 
 IGNORE = -100  # label of positions that are not learned (prompt, padding)
 
@@ -54,8 +54,8 @@ def corpus_texts(samples: Sequence[Sample]) -> list[str]:
 
 def build_processor(samples: Sequence[Sample], vocab_size: int, image_size: int, patch_size: int):
     """The shared BPE tokenizer (trained on ``samples``) inside a LlavaProcessor with a chat template."""
-    tokenizer = tiny.train_tokenizer(vocab_size, corpus_texts(samples), repeat=1)
-    return tiny.make_processor(tokenizer, image_size=image_size, patch_size=patch_size)
+    tokenizer = demo_processor.train_tokenizer(vocab_size, corpus_texts(samples), repeat=1)
+    return demo_processor.make_processor(tokenizer, image_size=image_size, patch_size=patch_size)
 
 
 def build_model(size: ModelSize, vocab_size: int, image_size: int, patch_size: int, seed: int):
@@ -68,7 +68,7 @@ def build_model(size: ModelSize, vocab_size: int, image_size: int, patch_size: i
                        num_hidden_layers=size.layers, num_attention_heads=size.heads,
                        num_key_value_heads=max(1, size.heads // 2), max_position_embeddings=2048,
                        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=True)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tiny.IMAGE_TOKEN_ID,
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=demo_processor.IMAGE_TOKEN_ID,
                          vision_feature_select_strategy="default", vision_feature_layer=-1)
     model = LlavaForConditionalGeneration(config)
     model.generation_config.eos_token_id = 2

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .runner import crop_to
+from mmspec_cli.decoding.kv import crop_to
 
 REMARK_TOLERANCE = 0.05  # TABED App. G: |ΔT/T| < 5%
 
@@ -176,8 +176,8 @@ def weights_fingerprint(model: str, revision: str | None = None) -> str:
     '' when none of these is known; then the names alone key the cache, as they did before
     fingerprints (an old cache file of the same names is then read).
     """
-    from .errors import ModelLoadError
-    from .models import model_location
+    from mmspec_cli.errors import ModelLoadError
+    from mmspec_cli.models.loading import model_location
 
     try:
         location = Path(model_location(model))

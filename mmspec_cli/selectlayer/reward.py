@@ -5,7 +5,7 @@ For each candidate layer l ≤ L/2 the confidence is
 with h_l the target's hidden state after layer l; the reward is
     r_l = C_l − λ·l,  λ = 1/L by default (the per-layer cost of the decoder),
 and the chosen layer is n = argmax_l r_l (ties: the shallower layer, which drafts faster).
-Model code lives in :mod:`mmspec_cli.calibration`; this module only does the arithmetic.
+Model code lives in :mod:`mmspec_cli.selectlayer.calibration`; this module only does the arithmetic.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .errors import InputError
-from .sampling import working_dtype
+from mmspec_cli.errors import InputError
+from mmspec_cli.decoding.sampling import working_dtype
 
 
 def default_lambda(total_layers: int) -> float:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from mmspec_cli.errors import ProfileError
-from mmspec_cli.schedules import SCHEDULES
+from mmspec_cli.decoding.schedules import SCHEDULES
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
 #: which runs offline on a CPU. ``None`` would make ``--profile`` required.
@@ -318,7 +318,7 @@ def builtin_profiles_dir() -> Path:
     ``mmspec_cli/profiles/`` in a wheel install, else ``<repo root>/profiles`` (editable
     installs and checkouts).
     """
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parents[1]  # mmspec_cli/
     packaged = package_dir / "profiles"
     return packaged if packaged.is_dir() else package_dir.parent / "profiles"
 

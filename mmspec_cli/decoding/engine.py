@@ -22,15 +22,16 @@ from typing import Any
 
 import torch
 
-from .drafters.base import EMPTY_DRAFT, Draft, Drafter, NoDrafter, TreeDraft
-from .metrics import RunStats
-from .models import LoadedModel
-from .prompts import ModelPrompt, check_history, check_questions, check_raw_prompt, process, render_prompt
-from .runner import CachedModel
-from .sampling import SamplingParams, TokenPicker
-from .schedules import GammaSchedule, check_schedule
-from .tree import check_tree_support, check_tree_width
-from .verify import Verdict, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
+from mmspec_cli.drafters.base import EMPTY_DRAFT, Draft, Drafter, NoDrafter, TreeDraft
+from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import (ModelPrompt, check_history, check_questions, check_raw_prompt, process,
+                                       render_prompt)
+from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+from mmspec_cli.decoding.schedules import GammaSchedule, check_schedule
+from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
+from mmspec_cli.decoding.verify import Verdict, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
 
 
 @dataclass(frozen=True)

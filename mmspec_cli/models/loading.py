@@ -16,7 +16,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from .errors import ModelLoadError
+from mmspec_cli.errors import ModelLoadError
 
 DTYPES = {
     "float32": torch.float32,
@@ -54,7 +54,7 @@ SHIPPED_PREFIX = "mmspec:"
 
 def shipped_models_dir() -> Path:
     """Where the models trained by ``scripts/train_demo.py`` are shipped: ``mmspec_cli/shipped/``."""
-    return Path(__file__).resolve().parent / "shipped"
+    return Path(__file__).resolve().parents[1] / "shipped"  # mmspec_cli/shipped
 
 
 def model_location(model: str) -> str:

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ModelSet
-from .bench.samples import Sample, load_sample_images
-from .drafters.ssd import text_decoder
-from .engine import BlockVerified, Generation
-from .layer_select import max_confidence_sums
-from .metrics import RunStats, expected_speedup
-from .prompts import process, render_prompt
-from .runner import to_model
+from mmspec_cli.api import ModelSet
+from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.drafters.ssd import text_decoder
+from mmspec_cli.decoding.engine import BlockVerified, Generation
+from mmspec_cli.selectlayer.reward import max_confidence_sums
+from mmspec_cli.decoding.metrics import RunStats, expected_speedup
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.kv import to_model
 
 WARMUP_TOKENS = 4
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .models import LoadedModel
-from .prompts import process, render_prompt
-from .runner import to_model
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.kv import to_model
 
 DEFAULT_PROMPT = "Describe the image in one sentence."
 _CACHE: dict[tuple[str, str, str], str] = {}  # (model, prompt, image hash) -> caption

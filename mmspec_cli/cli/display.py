@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from .engine import BlockVerified, Event, Generation, TurnFinished, TurnResult, TurnStarted
-from .metrics import RunStats
+from mmspec_cli.decoding.engine import BlockVerified, Event, Generation, TurnFinished, TurnResult, TurnStarted
+from mmspec_cli.decoding.metrics import RunStats
 
 ACCEPTED = "green"
 EMITTED = "bold cyan"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from mmspec_cli.errors import InputError
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import InputError
+from mmspec_cli.errors import InputError
 
 SCHEDULES = ("constant", "heuristic", "fastvlm")
 

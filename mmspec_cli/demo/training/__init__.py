@@ -1,0 +1,1 @@
+"""Training the shipped demo family (``scripts/train_demo.py``): data, models, the build plan."""
