@@ -68,7 +68,8 @@ from mmspec_cli.drafters import build_drafter  # noqa: E402
 from mmspec_cli.drafters.rows import BatchedRows  # noqa: E402
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row  # noqa: E402
 from mmspec_cli.decoding.engine import SpeculativeDecoder  # noqa: E402
-from mmspec_cli.drafters.weights import KL_FLOOR, PolicyConfig, WeightPolicy  # noqa: E402
+from mmspec_cli.drafters.weights import KL_FLOOR, WeightPolicy  # noqa: E402
+from mmspec_cli.models.profiles import EnsembleSpec  # noqa: E402
 from mmspec_cli.models.loading import LoadedModel, load_model  # noqa: E402
 from mmspec_cli.models.profiles import ModelSpec  # noqa: E402
 from mmspec_cli.models.prompts import process, render_prompt  # noqa: E402
@@ -345,7 +346,7 @@ def split(run: Run) -> tuple[float, float, float, float]:
 
 def tabed_vs_m(kind, target, draft, ref, images, args) -> E2E:
     names = ("m", "tabed")
-    policy = PolicyConfig()  # the default: grid, KL, soft labels, all verified positions
+    policy = EnsembleSpec()  # the default: grid, KL, soft labels, all verified positions
     check = {n: run_engine(target, draft, n, policy, None, images, args) for n in names}  # warm-up + check
     updates = UpdateStats()
     updates.add(check["tabed"].blocks)
@@ -364,9 +365,9 @@ def tabed_vs_m(kind, target, draft, ref, images, args) -> E2E:
 
 
 UPDATE_CASES = (  # (label, drafter name, policy)
-    ("tabed (m,t) grid, 11 candidates", "tabed", PolicyConfig(policy="grid")),
-    ("tabed:mtcp grid, 286 candidates", "tabed:mtcp", PolicyConfig(policy="grid")),
-    ("tabed:mtcp softmax, 4 candidates", "tabed:mtcp", PolicyConfig(policy="softmax")),
+    ("tabed (m,t) grid, 11 candidates", "tabed", EnsembleSpec(policy="grid")),
+    ("tabed:mtcp grid, 286 candidates", "tabed:mtcp", EnsembleSpec(policy="grid")),
+    ("tabed:mtcp softmax, 4 candidates", "tabed:mtcp", EnsembleSpec(policy="softmax")),
 )
 
 
@@ -418,7 +419,7 @@ class VectorisedPolicy(WeightPolicy):
             ev.add(errors, hits)
 
 
-def policy_micro(members: int, policy: PolicyConfig, vocab: int, n: int, repeats: int, budget_s: float = 3.0,
+def policy_micro(members: int, policy: EnsembleSpec, vocab: int, n: int, repeats: int, budget_s: float = 3.0,
                  cls: type = WeightPolicy) -> tuple[float, int]:
     """Median seconds of ``WeightPolicy.observe`` (n positions) + ``weights()``, float32 inputs like the
     engine's, and the number of timed calls (``repeats``, fewer when they exceed ``budget_s``; at least 3)."""
@@ -451,7 +452,7 @@ def profile_update(target, draft, captioner, images, args) -> None:
     for name in ("tabed", "tabed:mtcp"):
         prof = cProfile.Profile()
         prof.enable()
-        run = run_engine(target, draft, name, PolicyConfig(policy="grid"), captioner, images, args)
+        run = run_engine(target, draft, name, EnsembleSpec(policy="grid"), captioner, images, args)
         prof.disable()
         stats = pstats.Stats(prof)
         total = stats.total_tt

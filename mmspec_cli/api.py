@@ -1,7 +1,7 @@
 """The importable entry point: a profile in, a ready :class:`SpeculativeDecoder` out.
 
     from mmspec_cli.api import load_decoder
-    from mmspec_cli.models.images import load_images
+    from mmspec_cli.images import load_images
     decoder = load_decoder("llava15-7b", drafter="m")
     generation = decoder.generate(load_images(["img.jpg"]), ["Describe the image."])
     print(generation.turns[0].text, generation.stats.block_efficiency)
@@ -17,7 +17,6 @@ from mmspec_cli.drafters import build_drafter, parse_drafter
 from mmspec_cli.drafters.registry import require_captioner
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.engine import SpeculativeDecoder
-from mmspec_cli.drafters.weights import PolicyConfig
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.decoding.sampling import SamplingParams
@@ -56,14 +55,18 @@ class ModelSet:
             models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
         return models
 
-    def decoder(self, drafter: str) -> SpeculativeDecoder:
-        """A fresh decoder (own KV caches) for ``drafter`` over the shared models."""
+    def decoder(self, drafter: str, ssd_layer: int | None = None) -> SpeculativeDecoder:
+        """A fresh decoder (own KV caches) for ``drafter`` over the shared models.
+
+        ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several).
+        """
         profile, decoding = self.profile, self.profile.decoding
+        layer = profile.ssd.layer if ssd_layer is None else ssd_layer
         return SpeculativeDecoder(
             self.target,
-            build_drafter(drafter, self.target, self.draft, ensemble=policy_config(profile),
+            build_drafter(drafter, self.target, self.draft, ensemble=profile.ensemble,
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
-                          captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=profile.ssd.layer),
+                          captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
@@ -76,12 +79,6 @@ class ModelSet:
 def decoder_from_profile(profile: Profile) -> SpeculativeDecoder:
     """Load the profile's models and build the decoder of its drafter."""
     return ModelSet.load(profile, [profile.drafter]).decoder(profile.drafter)
-
-
-def policy_config(profile: Profile) -> PolicyConfig:
-    e = profile.ensemble
-    return PolicyConfig(policy=e.policy, distance=e.distance, labels=e.labels, window=e.window,
-                        grid_steps=e.grid_steps, tau=e.tau, adaboost_c=e.adaboost_c)
 
 
 def load_decoder(profile: str | None = None, **overrides) -> SpeculativeDecoder:

@@ -18,7 +18,7 @@ from mmspec_cli import __version__, api
 from mmspec_cli.cli.app import app
 from mmspec_cli.cli.display import (ACCEPTED, EMITTED, REJECTED, IncrementalText, LiveView, color_block,
                                     generation_json, summary_line)
-from mmspec_cli.decoding.engine import BlockVerified, Generation, TurnFinished, TurnResult, TurnStarted
+from mmspec_cli.decoding.events import BlockVerified, Generation, TurnFinished, TurnResult, TurnStarted
 from mmspec_cli.models.images import load_images
 from mmspec_cli.decoding.metrics import RunStats
 

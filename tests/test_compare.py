@@ -16,7 +16,7 @@ from mmspec_cli import api
 from mmspec_cli.cli import compare as compare_cli
 from mmspec_cli.cli.app import app
 from mmspec_cli.cli.comparison import Divergence, ShareSpec, first_divergence, share_spec, sparkline, weight_share
-from mmspec_cli.decoding.engine import BlockVerified, Generation, TurnResult
+from mmspec_cli.decoding.events import BlockVerified, Generation, TurnResult
 from mmspec_cli.errors import InputError
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.models.profiles import load_profile

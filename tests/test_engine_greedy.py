@@ -158,7 +158,7 @@ def test_wall_time_does_not_count_the_consumers_time(tiny_models):
     """A slow consumer of the event stream (a live display) must not lower the reported tokens/s."""
     import time
 
-    from mmspec_cli.decoding.engine import TurnFinished
+    from mmspec_cli.decoding.events import TurnFinished
 
     target = tiny_models["target"]
     decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mmspec_cli.decoding import engine as engine_module
+from mmspec_cli.decoding import step as step_module
 from tests import tiny
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.decoding.engine import SpeculativeDecoder
@@ -88,7 +88,7 @@ def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint, drafte
 
 def test_the_distribution_test_catches_a_wrong_rule(tiny_models, joint, monkeypatch):
     """Accept every draft token: the output then follows the draft, and the test must say so."""
-    monkeypatch.setattr(engine_module, "verify_sampling",
+    monkeypatch.setattr(step_module, "verify_sampling",
                         lambda tokens, q, p, g: Verdict(len(tokens), int(torch.multinomial(p[-1].cpu(), 1, generator=g))))
     counts = sample_pairs(tiny_models, "m", "random")
     assert chi_square_p_value(counts, joint, RUNS) < 1e-6

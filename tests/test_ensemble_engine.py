@@ -14,7 +14,7 @@ from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, pooled_row
 from mmspec_cli.decoding.engine import SpeculativeDecoder
-from mmspec_cli.drafters.weights import PolicyConfig
+from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
@@ -32,7 +32,7 @@ def captioner(tiny_models):
     return Captioner(tiny_models["perturbed"], max_new_tokens=6)
 
 
-def decoder(models, name, captioner, policy=PolicyConfig(), gamma=3, max_new_tokens=MAX_NEW, draft="perturbed",
+def decoder(models, name, captioner, policy=EnsembleSpec(), gamma=3, max_new_tokens=MAX_NEW, draft="perturbed",
             sampling=SamplingParams(), target="target"):
     t = models[target]
     drafter = build_drafter(name, t, models[draft], ensemble=policy, captioner=captioner, pool_kernel=2)
@@ -53,9 +53,9 @@ def test_greedy_equals_target_generate(tiny_models, refs, captioner, name, gamma
 
 
 @pytest.mark.parametrize("policy", [
-    PolicyConfig(policy="grid"), PolicyConfig(policy="grid", labels="hard", distance="tvd", window=3),
-    PolicyConfig(policy="softmax"), PolicyConfig(policy="softmax", labels="hard", tau=0.5),
-    PolicyConfig(policy="adaboost"), PolicyConfig(policy="random"), PolicyConfig(policy="static"),
+    EnsembleSpec(policy="grid"), EnsembleSpec(policy="grid", labels="hard", distance="tvd", window=3),
+    EnsembleSpec(policy="softmax"), EnsembleSpec(policy="softmax", labels="hard", tau=0.5),
+    EnsembleSpec(policy="adaboost"), EnsembleSpec(policy="random"), EnsembleSpec(policy="static"),
 ], ids=lambda p: f"{p.policy}-{p.labels}-{p.distance}")
 def test_every_tabed_policy_is_lossless(tiny_models, refs, captioner, policy):
     generation = decoder(tiny_models, "tabed:mtp", captioner, policy=policy, gamma=4).generate(tiny.images(1), [QUESTION])
@@ -119,7 +119,7 @@ def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, c
                 assert torch.allclose(block_q[step, k], expected, atol=1e-4), (member, step)
 
 
-@pytest.mark.parametrize("name, policy", [("mt", PolicyConfig()), ("tabed:mc", PolicyConfig(policy="grid"))])
+@pytest.mark.parametrize("name, policy", [("mt", EnsembleSpec()), ("tabed:mc", EnsembleSpec(policy="grid"))])
 def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, name, policy):
     params = SamplingParams(temperature=1.0, top_k=4)
     joint = exact_joint(tiny_models["target"])

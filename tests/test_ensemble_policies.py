@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from mmspec_cli.drafters.weights import (PolicyConfig, WeightPolicy, adaboost_weights, candidate_errors,
+from mmspec_cli.models.profiles import EnsembleSpec
+from mmspec_cli.drafters.weights import (WeightPolicy, adaboost_weights, candidate_errors,
                                          candidate_mixtures, mixture, random_simplex_point, simplex_grid,
                                          softmax_weights)
 
@@ -37,13 +38,13 @@ def test_simplex_grid_is_tabeds_two_member_grid():
 
 
 def test_first_block_uses_equal_weights():
-    policy = WeightPolicy(3, PolicyConfig(policy="grid"), vocab_size=4)
+    policy = WeightPolicy(3, EnsembleSpec(policy="grid"), vocab_size=4)
     assert torch.allclose(policy.weights(), torch.full((3,), 1 / 3, dtype=torch.float64))
 
 
 def test_grid_moves_all_weight_to_the_member_that_equals_p():
     p = [0.7, 0.2, 0.1]
-    policy = started(WeightPolicy(2, PolicyConfig(policy="grid"), vocab_size=3))
+    policy = started(WeightPolicy(2, EnsembleSpec(policy="grid"), vocab_size=3))
     observe(policy, p, [p, [0.05, 0.05, 0.9]], 0)
     assert policy.weights().tolist() == [1.0, 0.0]
 
@@ -51,8 +52,8 @@ def test_grid_moves_all_weight_to_the_member_that_equals_p():
 def test_hard_and_soft_labels_can_choose_differently():
     """Member A is close to p but its argmax misses the kept token; B's argmax hits it but B is far from p."""
     p, a, b = [0.45, 0.55, 0.0], [0.40, 0.60, 0.0], [0.60, 0.0, 0.40]
-    soft = started(WeightPolicy(2, PolicyConfig(policy="grid", labels="soft"), vocab_size=3))
-    hard = started(WeightPolicy(2, PolicyConfig(policy="grid", labels="hard"), vocab_size=3))
+    soft = started(WeightPolicy(2, EnsembleSpec(policy="grid", labels="soft"), vocab_size=3))
+    hard = started(WeightPolicy(2, EnsembleSpec(policy="grid", labels="hard"), vocab_size=3))
     for policy in (soft, hard):
         observe(policy, p, [a, b], 0)  # the target kept token 0 (e.g. sampled)
     w_soft, w_hard = soft.weights(), hard.weights()
@@ -66,8 +67,8 @@ def test_hard_and_soft_labels_can_choose_differently():
 
 def test_the_window_drops_old_evidence():
     p, good, bad = [0.9, 0.1], [0.9, 0.1], [0.1, 0.9]
-    everything = started(WeightPolicy(2, PolicyConfig(policy="grid", window=None), vocab_size=2))
-    recent = started(WeightPolicy(2, PolicyConfig(policy="grid", window=2), vocab_size=2))
+    everything = started(WeightPolicy(2, EnsembleSpec(policy="grid", window=None), vocab_size=2))
+    recent = started(WeightPolicy(2, EnsembleSpec(policy="grid", window=2), vocab_size=2))
     for policy in (everything, recent):
         for _ in range(5):
             observe(policy, p, [good, bad], 0)  # member 0 was right for 5 positions
@@ -90,7 +91,7 @@ def test_tvd_and_kl_rank_a_constructed_case_differently():
     assert kl[1].item() == pytest.approx(math.log(2.5))
     assert int(tvd.argmin()) == 0 and int(kl.argmin()) == 1
     for distance, expected in (("tvd", [1.0, 0.0]), ("kl", [0.0, 1.0])):
-        policy = started(WeightPolicy(2, PolicyConfig(policy="grid", grid_steps=1, distance=distance), vocab_size=3))
+        policy = started(WeightPolicy(2, EnsembleSpec(policy="grid", grid_steps=1, distance=distance), vocab_size=3))
         policy.observe(p, members, torch.tensor([0]))
         assert policy.weights().tolist() == expected
 
@@ -106,7 +107,7 @@ def test_adaboost_equation_2_gives_the_expected_numbers():
 
 
 def test_adaboost_policy_counts_error_rates_from_hard_hits():
-    policy = started(WeightPolicy(2, PolicyConfig(policy="adaboost"), vocab_size=3))
+    policy = started(WeightPolicy(2, EnsembleSpec(policy="adaboost"), vocab_size=3))
     for label in (0, 0, 0, 1):  # member 0 always predicts token 0: 3 hits of 4; member 1 predicts 1: 1 of 4
         observe(policy, [0.5, 0.5, 0.0], [[0.9, 0.1, 0.0], [0.1, 0.9, 0.0]], label)
     assert torch.allclose(policy.weights(), adaboost_weights(t([0.25, 0.75]), 3))
@@ -119,11 +120,11 @@ def test_softmax_of_inverse_errors_with_temperature():
 
 
 def test_random_policy_is_a_fresh_simplex_point_each_block_and_static_is_equal():
-    policy = WeightPolicy(3, PolicyConfig(policy="random"), vocab_size=3, seed=1)
+    policy = WeightPolicy(3, EnsembleSpec(policy="random"), vocab_size=3, seed=1)
     assert policy.weights().tolist() == pytest.approx([1 / 3] * 3)  # the first block, as for every policy
     a, b = policy.weights(), policy.weights()
     assert a.sum().item() == pytest.approx(1.0) and (a >= 0).all() and not torch.equal(a, b)
-    static = started(WeightPolicy(2, PolicyConfig(policy="static"), vocab_size=3))
+    static = started(WeightPolicy(2, EnsembleSpec(policy="static"), vocab_size=3))
     observe(static, [1.0, 0.0, 0.0], [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], 0)
     assert static.weights().tolist() == [0.5, 0.5]
     assert random_simplex_point(4, torch.Generator().manual_seed(0)).shape == (4,)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmspec_cli.decoding.sampling import draw_without_replacement
-from mmspec_cli.decoding.tree import Tree, tree_inputs
+from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.decoding.verify import recursive_rejection, verify_tree_greedy, verify_tree_sampling
 
 from tests.test_engine_sampling import chi_square_p_value
@@ -32,15 +32,15 @@ def test_greedy_follows_the_branch_that_starts_with_the_targets_token():
 
 
 def test_tree_mask_shows_each_node_its_ancestors_only():
-    tree = Tree(base=3)
-    firsts = tree.add([-1, -1])  # two branches off the prefix
-    seconds = tree.add([firsts[0], firsts[1]])
-    mask, positions = tree_inputs(tree, seconds, torch.float64, "cpu")
-    assert positions.tolist() == [[4, 4]] and tree_inputs(tree, firsts, torch.float64, "cpu")[1].tolist() == [[3, 3]]
+    tree = PendingTree(base=3)
+    firsts = tree.add([7, 8], [-1, -1])  # two branches off the prefix
+    seconds = tree.add([9, 9], [firsts[0], firsts[1]])
+    mask, positions = tree.inputs(seconds, torch.float64, "cpu")
+    assert positions.tolist() == [[4, 4]] and tree.inputs(firsts, torch.float64, "cpu")[1].tolist() == [[3, 3]]
     allowed = mask[0, 0] == 0  # (2, 3 + 4)
     assert allowed.tolist() == [[True, True, True, True, False, True, False],
                                 [True, True, True, False, True, False, True]]
-    padded, rows = tree_inputs(tree, seconds, torch.float64, "cpu", prefix=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    padded, rows = tree.inputs(seconds, torch.float64, "cpu", prefix=torch.tensor([[0, 1, 1], [1, 1, 1]]))
     assert padded.shape == (2, 1, 2, 7) and bool(padded[0, 0, 0, 0] < 0) and bool(padded[1, 0, 0, 0] == 0)
     assert rows.tolist() == [[3, 3], [4, 4]]  # each row counts its own real positions
 

@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.decoding.engine import cut_after_eos, eos_ids
+from mmspec_cli.decoding.step import cut_after_eos
+
+from mmspec_cli.decoding.engine import eos_ids
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.kv import to_model
 

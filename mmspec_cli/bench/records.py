@@ -33,7 +33,7 @@ from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.bench.samples import Sample
 
 if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module before it needs torch
-    from mmspec_cli.decoding.engine import TurnResult
+    from mmspec_cli.decoding.events import TurnResult
 
 SETTINGS = ("gamma", "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed",
             "ensemble")

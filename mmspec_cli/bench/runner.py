@@ -24,15 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmspec_cli.api import ModelSet
-from mmspec_cli.bench import HF_ASSISTED
-from mmspec_cli.decoding.engine import SpeculativeDecoder, TurnFinished, TurnStarted
-from mmspec_cli.errors import InputError, MmspecError
-from mmspec_cli.bench.hf_assisted import assisted_generate
-from mmspec_cli.decoding.metrics import RunStats
-from mmspec_cli.models.prompts import image_placeholder, process, render_prompt
+from mmspec_cli.bench.peers import bench_decoder
 from mmspec_cli.bench.progress import BenchProgress
 from mmspec_cli.bench.prompts import continue_prompt, paper_prompt
-from mmspec_cli.bench.records import Record, ResultsFile, engine_record, error_record, turn_record
+from mmspec_cli.bench.records import Record, ResultsFile, engine_record, error_record
+from mmspec_cli.decoding.events import TurnFinished, TurnStarted
+from mmspec_cli.errors import InputError, MmspecError
+from mmspec_cli.models.prompts import image_placeholder, process
 from mmspec_cli.bench.samples import Sample, load_sample_images
 
 WARMUP_TOKENS = 8
@@ -145,27 +143,34 @@ class BenchRunner:
         get set up here instead of inside the first timed sample."""
         for drafter in self.settings.drafters:
             try:
-                if drafter == HF_ASSISTED:
-                    text = render_prompt(self.models.target.processor, sample.turns[:1], [], len(images),
-                                         sample.history)
-                    assisted_generate(self.models.target, self.models.draft, images, text, self.settings.gamma,
-                                      min(WARMUP_TOKENS, self.settings.max_new_tokens))
-                else:
-                    decoder = self.models.decoder(drafter)
-                    decoder.max_new_tokens = min(WARMUP_TOKENS, self.settings.max_new_tokens)
-                    decoder.generate(images, list(sample.turns[:1]), history=sample.history)
+                self.decoder(drafter).generate(images, list(sample.turns[:1]), history=sample.history,
+                                               max_new_tokens=min(WARMUP_TOKENS, self.settings.max_new_tokens))
             except Exception:  # noqa: BLE001 - the real run records the failure
                 if self.debug:
                     raise
+
+    def decoder(self, drafter: str) -> Any:
+        """A fresh decoder for ``drafter``: the engine's, or a peer's with the same signature (``hf-assisted``)."""
+        return bench_decoder(self.models, drafter, self.settings.gamma, self.settings.max_new_tokens)
 
     # ----------------------------------------------------------------- one conversation
 
     def conversation(self, drafter: str, sample: Sample, images: list, n_turns: int) -> Iterator[Record]:
         """The records of the first ``n_turns`` turns of ``sample`` with ``drafter``, as they finish."""
-        if drafter == HF_ASSISTED:
-            yield from self._hf_turns(sample, images, n_turns)
-        else:
-            yield from self._engine_turns(self.models.decoder(drafter), drafter, sample, images, n_turns)
+        decoder = self.decoder(drafter)
+        if not self._paper(sample):
+            events = decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history)
+            yield from self._records(events, drafter, sample, images, decoder.members)
+            return
+        prompt, answer = None, ""
+        base_seed = self.settings.seed
+        for turn in range(n_turns):
+            prompt = self._raw_prompt(sample, turn, prompt, answer, len(images))
+            seed = None if base_seed is None else base_seed + turn  # each turn its own random stream
+            events = decoder.stream(images, [], raw_prompt=prompt, seed=seed)
+            for record in self._records(events, drafter, sample, images, decoder.members, turn=turn):
+                answer = record["text"]
+                yield record
 
     def _paper(self, sample: Sample) -> bool:
         return self.settings.prompt_style == "paper" and sample.prompt_key is not None
@@ -186,24 +191,6 @@ class BenchRunner:
     def _prompt_tokens(self, text: str, images: list) -> int:
         return len(process(self.models.target.processor, text, images).ids)
 
-    def _engine_turns(self, decoder: SpeculativeDecoder, drafter: str, sample: Sample, images: list,
-                      n_turns: int) -> Iterator[Record]:
-        members = decoder.drafter.members
-        if not self._paper(sample):
-            yield from self._records(decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history),
-                                     drafter, sample, images, members)
-            return
-        prompt, answer = None, ""
-        base_seed = decoder.seed
-        for turn in range(n_turns):
-            prompt = self._raw_prompt(sample, turn, prompt, answer, len(images))
-            decoder.seed = None if base_seed is None else base_seed + turn  # each turn its own random stream
-            for record in self._records(decoder.stream(images, [], raw_prompt=prompt), drafter, sample, images,
-                                        members, turn=turn):
-                answer = record["text"]
-                yield record
-        decoder.seed = base_seed
-
     def _records(self, events, drafter: str, sample: Sample, images: list, members: Sequence[str],
                  turn: int | None = None) -> Iterator[Record]:
         prompt_tokens = None
@@ -213,19 +200,3 @@ class BenchRunner:
             elif isinstance(event, TurnFinished):
                 yield engine_record(sample, event.turn if turn is None else turn, drafter, event.result,
                                     prompt_tokens, self.fields, members)
-
-    def _hf_turns(self, sample: Sample, images: list, n_turns: int) -> Iterator[Record]:
-        target, draft = self.models.target, self.models.draft
-        answers: list[str] = []
-        prompt = None
-        for turn in range(n_turns):
-            if self._paper(sample):
-                prompt = self._raw_prompt(sample, turn, prompt, answers[-1] if answers else "", len(images))
-            else:
-                prompt = render_prompt(target.processor, sample.turns[:n_turns], answers, len(images), sample.history)
-            result = assisted_generate(target, draft, images, prompt, self.settings.gamma, self.settings.max_new_tokens)
-            stats = RunStats(new_tokens=len(result.token_ids), blocks=result.target_calls, drafted=0, accepted=0,
-                             wall_s=result.wall_s)
-            yield turn_record(sample, turn, HF_ASSISTED, result.token_ids, result.text, stats, result.prompt_tokens,
-                              self.fields)
-            answers.append(result.text)

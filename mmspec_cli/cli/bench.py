@@ -15,9 +15,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import (Gamma, GammaScheduleName, MaxNewTokens, ProfileName, Seed, SsdLayer, TreeWidth,
-                                    Temperature)
-from mmspec_cli.bench import HF_ASSISTED
+from mmspec_cli.cli.options import ProfileName, decoding_flags
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -25,6 +23,7 @@ PROMPT_STYLES = ("default", "paper")
 EXIT_FAILED = 1
 
 
+@decoding_flags()
 def bench(
     source: Annotated[str | None, typer.Argument(metavar="SOURCE", show_default=False, help=(
         "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
@@ -45,13 +44,8 @@ def bench(
         "Only summarise results files (repeatable); no SOURCE, no models."))] = None,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
         "Run one short untimed turn per drafter before timing."))] = True,
-    gamma: Gamma = None,
-    gamma_schedule: GammaScheduleName = None,
-    ssd_layer: SsdLayer = None,
-    tree_width: TreeWidth = None,
-    max_new_tokens: MaxNewTokens = None,
-    temperature: Temperature = None,
-    seed: Seed = None,
+    *,
+    overrides: dict,
 ) -> None:
     """Benchmark drafters on many samples: block efficiency, acceptance, speed, per category.
 
@@ -82,10 +76,7 @@ def bench(
     from mmspec_cli.bench.samples import parse_shard
 
     shard_ = parse_shard(shard)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
-                             tree_width=tree_width,
-                             max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=seed)
+    chosen = apply_overrides(load_profile(profile), **overrides)
     check_profile_fits(names, chosen)
     if shard == "auto":
         chosen = pin_local_device(chosen, os.environ)
@@ -103,22 +94,21 @@ def parse_drafters(text: str) -> list[str]:
     """The comma list of --drafters, each name validated (``hf-assisted`` included); no repeats."""
     from mmspec_cli.drafters.registry import parse_drafter_list
 
-    return parse_drafter_list(text, extra=(HF_ASSISTED,))
+    from mmspec_cli.bench.peers import PEERS
+
+    return parse_drafter_list(text, extra=tuple(PEERS))
 
 
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
+    from mmspec_cli.bench.peers import PEERS
     from mmspec_cli.drafters.registry import parse_drafter, require_captioner
     from mmspec_cli.drafters.ssd import require_layer
 
     for name in names:
-        if name == HF_ASSISTED:
-            if profile.decoding.temperature != 0:
-                raise InputError("hf-assisted runs greedy only; use --temperature 0 or drop hf-assisted")
-            if profile.decoding.tree_width != 1 or profile.decoding.gamma_schedule != "constant":
-                raise InputError("hf-assisted drafts a constant-γ chain; drop --tree-width/--gamma-schedule "
-                                 "(or decoding.tree_width/gamma_schedule) or drop hf-assisted")
-            needs_draft = True
+        if name in PEERS:
+            PEERS[name].check_profile(profile)
+            needs_draft = True  # every peer is an assisted generation with the profile's draft
         else:
             plan = parse_drafter(name, profile.ensemble.members)
             needs_draft = plan.needs_draft
@@ -195,11 +185,11 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
 def _load(profile: Profile, names: list[str]):
     from mmspec_cli.api import ModelSet
+    from mmspec_cli.bench.peers import PEERS
     from mmspec_cli.models.loading import check_compatible, load_model
 
-    engine = [n for n in names if n != HF_ASSISTED]
-    models = ModelSet.load(profile, engine)
-    if HF_ASSISTED in names and models.draft is None:
+    models = ModelSet.load(profile, [n for n in names if n not in PEERS])
+    if any(n in PEERS for n in names) and models.draft is None:
         models.draft = load_model(profile.draft, "draft")
         check_compatible(models.target, models.draft)
     return models
@@ -219,6 +209,7 @@ def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, fl
     if profile is None or profile.draft is None:
         return {}
     from mmspec_cli.bench import latency
+    from mmspec_cli.bench.peers import PEERS
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.drafters.registry import parse_drafter
     from mmspec_cli.models.loading import resolve_device
@@ -233,7 +224,7 @@ def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, fl
         if name == "ar":
             continue
         try:
-            members = () if name == HF_ASSISTED else parse_drafter(name, profile.ensemble.members).members
+            members = () if name in PEERS else parse_drafter(name, profile.ensemble.members).members
         except InputError:
             continue
         ratios[name] = measured.ratio(batch=len(members) or 1, seq=seq, gamma=gamma)

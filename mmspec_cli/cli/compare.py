@@ -16,8 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
-                                    SsdLayer, TreeWidth, TopK, TopP)
+from mmspec_cli.cli.options import Images, ProfileName, Questions, decoding_flags
 from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
                                        weight_share)
 from mmspec_cli.models.images import load_images
@@ -28,23 +27,16 @@ DEFAULT_DRAFTERS = "m,t,mt,tabed"
 EXIT_DIFFERENT = 1  # greedy outputs differ: a lossless violation
 
 
+@decoding_flags(help={"temperature": "0 for greedy decoding, where all outputs must be identical."})
 def compare(
     images: Images = None,
     question: Questions = None,
     drafters: Annotated[str, typer.Option(metavar="A,B,...", help=(
         "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed.")) ] = DEFAULT_DRAFTERS,
     profile: ProfileName = None,
-    gamma: Gamma = None,
-    gamma_schedule: GammaScheduleName = None,
-    ssd_layer: SsdLayer = None,
-    tree_width: TreeWidth = None,
-    max_new_tokens: MaxNewTokens = None,
-    temperature: Annotated[float | None, typer.Option(metavar="X", help=(
-        "0 for greedy decoding, where all outputs must be identical."))] = None,
-    top_p: TopP = None,
-    top_k: TopK = None,
-    seed: Seed = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
+    *,
+    overrides: dict,
 ) -> None:
     """Run several drafters on the same images and questions and compare them side by side.
 
@@ -55,10 +47,7 @@ def compare(
     """
     pictures = load_images(images or [])
     questions = check_questions(question or [], None)
-    chosen = apply_overrides(load_profile(profile), gamma=gamma, gamma_schedule=gamma_schedule, ssd_layer=ssd_layer,
-                             tree_width=tree_width,
-                             max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    chosen = apply_overrides(load_profile(profile), **overrides)
     names = drafter_names(drafters, chosen.ensemble.members)
     outcome = _run(chosen, pictures, questions, names, progress=sys.stdout.isatty() and not as_json)
     if as_json:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from mmspec_cli.decoding.engine import BlockVerified, Event, Generation, TurnFinished, TurnResult, TurnStarted
+from mmspec_cli.decoding.events import BlockVerified, Event, Generation, TurnFinished, TurnResult, TurnStarted
 from mmspec_cli.decoding.metrics import RunStats
 
 ACCEPTED = "green"

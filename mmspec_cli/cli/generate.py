@@ -8,31 +8,23 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import (Gamma, GammaScheduleName, Images, MaxNewTokens, ProfileName, Questions, Seed,
-                                    SsdLayer, TreeWidth, Temperature, TopK, TopP)
+from mmspec_cli.cli.options import Images, ProfileName, Questions, decoding_flags
 from mmspec_cli.models.images import load_images
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import check_questions
 
 
+@decoding_flags(drafter=True)
 def generate(
     images: Images = None,
     question: Questions = None,
     profile: ProfileName = None,
-    drafter: Annotated[str | None, typer.Option(metavar="NAME", help="Drafter, e.g. m, t, mt, tabed, or ar (no drafting).")] = None,
-    gamma: Gamma = None,
-    gamma_schedule: GammaScheduleName = None,
-    ssd_layer: SsdLayer = None,
-    tree_width: TreeWidth = None,
-    max_new_tokens: MaxNewTokens = None,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    top_k: TopK = None,
-    seed: Seed = None,
     raw_prompt: Annotated[str | None, typer.Option(metavar="TEXT", help=(
         "The whole prompt of one turn, bypassing the chat template; one <image> per image."))] = None,
     no_live: Annotated[bool, typer.Option("--no-live", help="Print plain text even on a terminal.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: texts, token ids, blocks, stats.")] = False,
+    *,
+    overrides: dict,
 ) -> None:
     """Answer questions about images with lossless speculative decoding.
 
@@ -41,10 +33,7 @@ def generate(
     pictures = load_images(images or [])
     questions = question or []
     check_questions(questions, raw_prompt)
-    chosen = apply_overrides(load_profile(profile), drafter=drafter, gamma=gamma, gamma_schedule=gamma_schedule,
-                             ssd_layer=ssd_layer, tree_width=tree_width,
-                             max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    chosen = apply_overrides(load_profile(profile), **overrides)
     _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)
 
 

@@ -1,10 +1,21 @@
-"""Command-line options shared by several commands, declared once."""
+"""Command-line options shared by several commands, declared once.
+
+The decoding flags (``--gamma``, ``--tree-width``, ``--temperature``, ...) are built from the
+profile's override table (:data:`mmspec_cli.models.profiles.OVERRIDES`): a command decorated
+with :func:`decoding_flags` gets every one of them and receives their values as one
+``overrides`` dict, ready for ``apply_overrides``.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+
+from mmspec_cli.models.profiles import OVERRIDES
 
 Images = Annotated[list[str] | None, typer.Argument(metavar="IMAGE", help="Image files, in prompt order.",
                                                     show_default=False)]
@@ -13,17 +24,36 @@ Questions = Annotated[list[str] | None, typer.Option("-q", "--question", metavar
                                                      show_default=False)]
 ProfileName = Annotated[str | None, typer.Option("--profile", metavar="NAME|PATH",
                                                  help="Built-in profile name or YAML file.")]
-Gamma = Annotated[int | None, typer.Option("--gamma", metavar="N", help="Draft tokens per block (1-64).")]
-MaxNewTokens = Annotated[int | None, typer.Option("--max-new-tokens", metavar="N",
-                                                  help="Tokens to generate per turn, at most.")]
-Temperature = Annotated[float | None, typer.Option("--temperature", metavar="X", help="0 for greedy decoding.")]
-TopP = Annotated[float | None, typer.Option("--top-p", metavar="X", help="Nucleus sampling mass, in (0, 1].")]
-TopK = Annotated[int | None, typer.Option("--top-k", metavar="N", help="Sample from the N likeliest tokens.")]
-Seed = Annotated[int | None, typer.Option("--seed", metavar="N", help="Random seed for sampling.")]
-GammaScheduleName = Annotated[str | None, typer.Option("--gamma-schedule", metavar="constant|heuristic|fastvlm", help=(
-    "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
-    "fastvlm (FastVLM Eq. 5, grows with the context from γ)."))]
-SsdLayer = Annotated[int | None, typer.Option("--ssd-layer", metavar="N", help=(
-    "ssd: draft with the target's first N decoder layers (see `mmspec select-layer`)."))]
-TreeWidth = Annotated[int | None, typer.Option("--tree-width", metavar="D", help=(
-    "Token trees: D branches per block (1-8), verified in one target forward; 1 = no tree."))]
+
+
+def flag_type(name: str, help_text: str | None = None) -> Any:
+    """The typer annotation of override ``name``'s flag (``--name-with-dashes``), unset by default."""
+    spec = OVERRIDES[name]
+    flag = "--" + name.replace("_", "-")
+    return Annotated[spec.type | None, typer.Option(flag, metavar=spec.metavar, help=help_text or spec.help)]
+
+
+def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None) -> Callable:
+    """Give a command every decoding flag (and ``--drafter`` if ``drafter``); it receives ``overrides``.
+
+    ``help`` replaces a flag's help text for this command. The flags come after the command's own
+    parameters in ``--help``.
+    """
+    names = [name for name in OVERRIDES if drafter or name != "drafter"]
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "overrides"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation=flag_type(name, (help or {}).get(name))) for name in names]
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            overrides = {name: kwargs.pop(name, None) for name in names}
+            return command(*args, overrides=overrides, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=own + added)
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+        return wrapper
+
+    return decorate

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
+from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
-from mmspec_cli.decoding.tree import Tree, keep_positions, tree_inputs
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -53,13 +54,6 @@ def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
     return True
 
 
-def crop_to(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer (``Cache.crop`` takes a negative count)."""
-    excess = cache.get_seq_length() - length
-    if excess > 0:
-        cache.crop(-excess)
-
-
 class CachedModel:
     """Runs ``model`` incrementally over growing (and sometimes rolled-back) token sequences."""
 
@@ -71,8 +65,7 @@ class CachedModel:
         self.cache = DynamicCache(config=model.config)
         self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
-        self.tree: Tree | None = None  # a token tree fed after ``ids`` and not settled yet
-        self.tree_tokens: list[int] = []
+        self.tree: PendingTree | None = None  # a token tree fed after ``ids`` and not settled yet
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -86,7 +79,7 @@ class CachedModel:
         crop_to(self.cache, length)
         self.ids = self.ids[:length]
 
-    # ----------------------------------------------------------------- token trees (tree.py)
+    # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
     def hold(self, ids: Sequence[int], vision: Mapping[str, torch.Tensor] | None = None,
              prompt_len: int | None = None) -> None:
@@ -106,11 +99,9 @@ class CachedModel:
         """Feed tree nodes after the held ids (``parents``: earlier node indices, -1 for the held ids);
         logits (n, V) of every node. Nodes fed by earlier calls stay visible to their descendants."""
         if self.tree is None:
-            self.tree = Tree(base=len(self.ids))
-            self.tree_tokens = []
-        nodes = self.tree.add(parents)
-        self.tree_tokens.extend(tokens)
-        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed), (1, n)
+            self.tree = PendingTree(base=len(self.ids))
+        nodes = self.tree.add(tokens, parents)
+        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed), (1, n)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True, logits_to_keep=0)
@@ -118,17 +109,14 @@ class CachedModel:
 
     @torch.inference_mode()
     def keep_path(self, nodes: Sequence[int]) -> None:
-        """Settle the tree: keep the entries of ``nodes`` (one root-to-node path) after the held ids."""
-        tree = self.tree
-        if tree is None:
-            return
-        keep_positions(self.cache, tree.base, [tree.base + n for n in nodes])
-        self.ids = self.ids + [self.tree_tokens[n] for n in nodes]
-        self.tree = None
+        """Settle the tree: keep the entries of ``nodes`` (one path from the tree's top) after the held ids."""
+        if self.tree is not None:
+            self.ids = self.ids + self.tree.settle(self.cache, nodes)
+            self.tree = None
 
     def _drop_tree(self) -> None:
         if self.tree is not None:
-            crop_to(self.cache, self.tree.base)
+            self.tree.drop(self.cache)
             self.tree = None
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""Typed statistics of a decoding run, with the definitions of DESIGN.md.
+"""Typed statistics of a decoding run, with the definitions the README gives under "Definitions".
 
 - block: one draft phase plus one target verification call (the first block of a turn
   also prefills the prompt in that same target call, as Hugging Face assisted generation does);

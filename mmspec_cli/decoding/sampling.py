@@ -2,7 +2,7 @@
 
 The same transform (temperature, then top-k, then top-p, the order transformers uses) is
 applied to the target's and the draft's logits. The speculative rule then compares two
-distributions that were shaped alike, which is what DESIGN.md's verification rule asks for.
+distributions that were shaped alike, which is what the verification rule asks for (TABED §3; docs/ARCHITECTURE.md).
 All functions here are pure except :meth:`TokenPicker.choose`, which consumes randomness
 from an explicit ``torch.Generator``.
 """

@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mmspec_cli.choices import SCHEDULES
 from mmspec_cli.errors import InputError
-
-SCHEDULES = ("constant", "heuristic", "fastvlm")
 
 
 def heuristic_next(gamma: int, drafted: int, accepted: int, gamma_max: int) -> int:

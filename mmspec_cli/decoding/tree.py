@@ -1,16 +1,28 @@
-"""Token trees in a KV cache: which earlier tokens each new token may see, where it sits, and what is kept.
+"""Token trees: their shape (:class:`TreeTopology`), and a tree fed into a KV cache (:class:`PendingTree`).
 
-A block's tree is fed after a cached prefix of ``base`` positions, possibly over several
-forward calls (the draft adds one level per step). Each tree node has a parent: another
-node, or -1 for a node hanging directly off the prefix. A node attends to the whole prefix
-and to its ancestors (itself included), and its position id is ``base + depth`` (depth 0
-for a child of the prefix), so each branch computes exactly what it would compute alone
-(SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024). The mask is handed to the model as
-a prepared 4-D additive mask, which transformers passes to eager and sdpa attention as it
+Every node number in mmspec is made and read here; the engine, the drafters and the caches
+only pass node lists around.
+
+**Topology.** A block's draft tree hangs off the *root*, the last verified token. Node ``i``
+holds one drafted token and has a parent: an earlier node, or -1 for the root. The drafters
+number nodes level by level (every node of depth 0, then of depth 1, ...), which is also the
+order they feed them. A width-d tree (TABED §6.1) is one constructor: d chains of γ tokens,
+node ``s·d + j`` being token ``s`` of branch ``j``. Any parent array whose parents come before
+their children is a topology (EAGLE-2's dynamic trees change shape every block).
+
+**Feeding a tree.** Fed after a cached prefix of ``base`` positions, a node attends to the
+whole prefix and to its ancestors (itself included), and its position id is ``base + depth``
+for a row with ``base`` real positions, so each branch computes exactly what it would compute
+alone (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024). The mask is handed to the model
+as a prepared 4-D additive mask, which transformers passes to eager and sdpa attention as it
 is; no transformers code is patched.
 
-Nodes are cached in the order they were fed. After verification only the accepted path is
-kept: :func:`keep_positions` moves those entries to follow the prefix and crops the rest.
+**The target's view.** The target scores the root and every node in ONE forward: it is fed
+``[root] + nodes``, so node ``i`` is fed as ``i + 1`` (:func:`rooted_parents`, :func:`rooted`).
+
+**Settling.** After verification only the accepted path stays in each cache:
+:meth:`PendingTree.settle` moves those entries to follow the prefix and crops the rest
+(``rollback.keep_positions``).
 """
 
 from __future__ import annotations
@@ -21,12 +33,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
+from mmspec_cli.choices import MAX_TREE_WIDTH
+from mmspec_cli.decoding.rollback import crop_to, keep_positions
 from mmspec_cli.errors import InputError, ModelLoadError
 
-MAX_TREE_WIDTH = 8
 #: Decoders whose attention takes a prepared 4-D additive mask as it is (eager and sdpa attention).
 MASKABLE_DECODERS = ("llama", "mistral", "qwen2")
 MASKABLE_ATTENTION = ("eager", "sdpa")
+ROOT = -1  # the parent of a depth-0 node
 
 
 def check_tree_width(width: int) -> int:
@@ -48,38 +62,85 @@ def check_tree_support(model) -> None:
             f"attention; use --tree-width 1")
 
 
-@dataclass
-class Tree:
-    """The nodes fed so far after a prefix of ``base`` cached positions."""
+def _depths(parents: Sequence[int]) -> tuple[int, ...]:
+    depths: list[int] = []
+    for node, parent in enumerate(parents):
+        if not ROOT <= parent < node:
+            raise ValueError(f"node {node}: parent {parent} is not an earlier node")
+        depths.append(0 if parent == ROOT else depths[parent] + 1)
+    return tuple(depths)
 
-    base: int
-    parents: list[int] = field(default_factory=list)
-    depths: list[int] = field(default_factory=list)
 
-    def add(self, parents: Sequence[int]) -> list[int]:
-        """Append nodes with these parents (indices of earlier nodes, or -1); returns their indices."""
-        first = len(self.parents)
-        for parent in parents:
-            if not -1 <= parent < len(self.parents):
-                raise ValueError(f"parent {parent} is not an earlier node")
-            self.parents.append(parent)
-            self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
-        return list(range(first, len(self.parents)))
+@dataclass(frozen=True)
+class TreeTopology:
+    """The shape of a draft tree: ``parents[i]`` is node i's parent (``ROOT`` = -1 for the root's children)."""
 
-    def ancestors(self, node: int) -> list[int]:
-        """``node`` and its ancestors, root first."""
+    parents: tuple[int, ...]
+    depths: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parents", tuple(self.parents))
+        object.__setattr__(self, "depths", _depths(self.parents))
+
+    @classmethod
+    def width(cls, width: int, depth: int) -> "TreeTopology":
+        """``width`` chains of ``depth`` tokens off the root: node s·width + j is token s of branch j."""
+        return cls(tuple(ROOT if s == 0 else (s - 1) * width + j for s in range(depth) for j in range(width)))
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def level(self, depth: int) -> list[int]:
+        """The nodes at ``depth``, in node order."""
+        return [node for node, d in enumerate(self.depths) if d == depth]
+
+    def parents_of(self, nodes: Sequence[int]) -> list[int]:
+        return [self.parents[node] for node in nodes]
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from depth 0 down to ``node`` (the root itself is not a node)."""
         path = []
-        while node >= 0:
+        while node != ROOT:
             path.append(node)
             node = self.parents[node]
         return path[::-1]
 
-    def visible(self, nodes: Sequence[int]) -> torch.Tensor:
-        """(len(nodes), len(self.parents)) bool: which fed nodes each of ``nodes`` may attend to."""
-        allowed = torch.zeros(len(nodes), len(self.parents), dtype=torch.bool)
+    def leaves(self) -> list[int]:
+        has_child = set(self.parents)
+        return [node for node in range(len(self)) if node not in has_child]
+
+    def branches(self) -> list[list[int]]:
+        """Every root-to-leaf path, in leaf order (for a width tree: branch j is the j-th)."""
+        return [self.path(leaf) for leaf in self.leaves()]
+
+    def ancestors_mask(self, nodes: Sequence[int], fed: int) -> torch.Tensor:
+        """(len(nodes), fed) bool: which of the first ``fed`` nodes each of ``nodes`` may attend to."""
+        allowed = torch.zeros(len(nodes), fed, dtype=torch.bool)
         for row, node in enumerate(nodes):
-            allowed[row, self.ancestors(node)] = True
+            allowed[row, self.path(node)] = True
         return allowed
+
+
+def rooted_parents(topology: TreeTopology) -> list[int]:
+    """Parents of ``[root] + nodes`` as the target is fed them: the root off the prefix, node i as i + 1."""
+    return [ROOT] + [0 if parent == ROOT else parent + 1 for parent in topology.parents]
+
+
+def rooted(nodes: Sequence[int]) -> list[int]:
+    """The fed indices of the root and ``nodes`` in ``[root] + nodes``."""
+    return [0] + [node + 1 for node in nodes]
+
+
+def split_rooted(topology: TreeTopology, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``[root] + nodes`` (1 + n, ...) -> the root's (...) and each branch's along its path (d, γ, ...).
+
+    Branch j, row t is the row of its t-th node: what the target says after that node.
+    """
+    paths = torch.tensor(topology.branches(), dtype=torch.long, device=values.device)  # (d, γ)
+    return values[0], values[1:][paths]
+
+
+# --------------------------------------------------------------------------- a tree inside a cache
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,45 +148,55 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def tree_mask(tree: Tree, nodes: Sequence[int], dtype: torch.dtype, device, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """The additive mask (B, 1, len(nodes), base + fed nodes) for feeding ``nodes`` (the last ones added).
+class PendingTree:
+    """Tree nodes fed into a cache after ``base`` settled positions and not settled yet.
 
-    ``prefix`` (B, base) bool says which prefix positions each row may see (left padding of
-    batched rows); None means all of them, one row.
+    Nodes are numbered in the order they are fed; a drafter feeds a :class:`TreeTopology`
+    level by level, so its node numbers are the topology's.
     """
-    prefix = torch.ones(1, tree.base, dtype=torch.bool) if prefix is None else prefix.to("cpu", torch.bool)
-    rows = prefix.shape[0]
-    seen = tree.visible(nodes)  # (n, fed)
-    allowed = torch.cat([prefix[:, None, :].expand(rows, len(nodes), tree.base),
-                         seen[None].expand(rows, -1, -1)], dim=-1)  # (B, n, base + fed)
-    return additive_mask(allowed[:, None].to(device), dtype)
 
+    def __init__(self, base: int):
+        self.base = base
+        self.parents: list[int] = []
+        self.tokens: list[int] = []
 
-def tree_inputs(tree: Tree, nodes: Sequence[int], dtype: torch.dtype, device,
-                prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention mask (B, 1, n, base + fed) and position ids (B, n) for feeding ``nodes``.
+    def add(self, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+        """Append nodes with these tokens and parents (earlier nodes, or ``ROOT``); returns their numbers."""
+        first = len(self.parents)
+        self.parents.extend(parents)
+        self.tokens.extend(tokens)
+        _depths(self.parents)  # refuses a parent that is not an earlier node
+        return list(range(first, len(self.parents)))
 
-    ``prefix`` (B, base), 1 at each row's real positions (batched rows are left-padded), or None
-    for one row with every position real; a node's position is its row's count of real prefix
-    positions plus its depth.
-    """
-    depths = torch.tensor([tree.depths[n] for n in nodes])  # (n,)
-    start = torch.tensor([[tree.base]]) if prefix is None else prefix.to("cpu").long().sum(dim=1, keepdim=True)
-    return tree_mask(tree, nodes, dtype, device, prefix), (start + depths[None, :]).to(device)  # (B, n)
+    def inputs(self, nodes: Sequence[int], dtype: torch.dtype, device,
+               prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention mask (B, 1, n, base + fed) and position ids (B, n) for feeding ``nodes``.
 
+        ``prefix`` (B, base), 1 at each row's real positions (batched rows are left-padded), or
+        None for one row with every position real; a node's position is its row's count of real
+        prefix positions plus its depth.
+        """
+        fed = len(self.parents)
+        shape = TreeTopology(tuple(self.parents))
+        prefix = torch.ones(1, self.base, dtype=torch.bool) if prefix is None else prefix.to("cpu", torch.bool)
+        rows = prefix.shape[0]
+        seen = shape.ancestors_mask(nodes, fed)  # (n, fed)
+        allowed = torch.cat([prefix[:, None, :].expand(rows, len(nodes), self.base),
+                             seen[None].expand(rows, -1, -1)], dim=-1)  # (B, n, base + fed)
+        depths = torch.tensor([shape.depths[n] for n in nodes])  # (n,)
+        start = prefix.long().sum(dim=1, keepdim=True)  # (B, 1)
+        return additive_mask(allowed[:, None].to(device), dtype), (start + depths[None, :]).to(device)
 
-def keep_positions(cache: Cache, start: int, positions: Sequence[int]) -> None:
-    """Keep cache positions [0, start) followed by ``positions`` (ascending, all >= start); drop the rest.
+    def settle(self, cache: Cache, nodes: Sequence[int]) -> list[int]:
+        """Keep the entries of ``nodes`` (a path from depth 0) after the prefix; their tokens.
 
-    Only the accepted path of a tree stays. The moved entries are copied into place (their
-    values are unchanged), then the cache is cropped with ``Cache.crop``.
-    """
-    positions = list(positions)
-    if positions and positions != list(range(start, start + len(positions))):
-        for layer in cache.layers:
-            index = torch.tensor(positions, device=layer.keys.device)
-            layer.keys[..., start:start + len(positions), :] = layer.keys.index_select(-2, index)
-            layer.values[..., start:start + len(positions), :] = layer.values.index_select(-2, index)
-    excess = cache.get_seq_length() - (start + len(positions))
-    if excess > 0:
-        cache.crop(-excess)  # Cache.crop takes a negative count
+        Nodes of the path that were never fed (a drafter does not feed its tree's last level)
+        are skipped: they are the path's tail.
+        """
+        fed = [node for node in nodes if node < len(self.parents)]
+        keep_positions(cache, self.base, [self.base + node for node in fed])
+        return [self.tokens[node] for node in fed]
+
+    def drop(self, cache: Cache) -> None:
+        """Forget every node: the cache holds the prefix alone again."""
+        crop_to(cache, self.base)

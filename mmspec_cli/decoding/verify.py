@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec_cli.decoding.sampling import sample
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -71,12 +73,8 @@ def verify_sampling(
     for i in range(gamma):
         if not bool(accept[i]):
             fallback = residual_distribution(p[i], q[i])
-            return Verdict(accepted=i, next_token=_draw(fallback, generator))
-    return Verdict(accepted=gamma, next_token=_draw(p[gamma], generator))
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+            return Verdict(accepted=i, next_token=sample(fallback, generator))
+    return Verdict(accepted=gamma, next_token=sample(p[gamma], generator))
 
 
 # --------------------------------------------------------------------------- token trees
@@ -157,6 +155,6 @@ def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root
     firsts = branches[:, 0].tolist()
     index, residual = recursive_rejection(firsts, draft_probs[0, 0], root_probs, generator)
     if index is None:
-        return TreeVerdict(branch=0, accepted=0, next_token=_draw(residual, generator))
+        return TreeVerdict(branch=0, accepted=0, next_token=sample(residual, generator))
     rest = verify_sampling(branches[index, 1:], draft_probs[index, 1:], branch_probs[index], generator)
     return TreeVerdict(branch=index, accepted=1 + rest.accepted, next_token=rest.next_token)

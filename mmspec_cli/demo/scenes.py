@@ -49,10 +49,6 @@ DISPLAY_SIZE = 192  # pixels: how suites, examples and training images are drawn
 _SUPERSAMPLE = 4  # draw at 4x and box-filter down: clean edges at 48 px
 
 
-def position_name(cell: int) -> str:
-    return POSITIONS[cell]
-
-
 def neighbours(cell: int) -> list[int]:
     """Cells sharing an edge with ``cell`` (up, down, left, right), in increasing order."""
     r, c = divmod(cell, 3)

@@ -1,6 +1,6 @@
-"""Drafting methods, one module each, behind the :class:`Drafter` interface."""
+"""Drafting methods, one module each, behind the :class:`~mmspec_cli.decoding.drafter.Drafter` interface."""
 
-from mmspec_cli.drafters.base import EMPTY_DRAFT, Draft, Drafter, NoDrafter
+from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.registry import build_drafter, parse_drafter, parse_drafter_list
 
-__all__ = ["Draft", "Drafter", "NoDrafter", "EMPTY_DRAFT", "build_drafter", "parse_drafter", "parse_drafter_list"]
+__all__ = ["NoDrafter", "build_drafter", "parse_drafter", "parse_drafter_list"]

@@ -11,17 +11,20 @@ picks the next block's weights from that evidence.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from mmspec_cli.drafters.captioner import Captioner
-from mmspec_cli.drafters.weights import PolicyConfig, WeightPolicy, mixture
+from mmspec_cli.drafters.weights import WeightPolicy, mixture
+from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.sampling import TokenPicker, working_dtype
 from mmspec_cli.decoding.verify import Verdict
-from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.decoding.drafter import Draft, Drafter, TreeDraft
+from mmspec_cli.drafters.tree_drafting import TreeDrafting, pick
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import fit_vocab
 from mmspec_cli.drafters.views import RowView
@@ -34,11 +37,11 @@ def member_distributions(logits: torch.Tensor, picker: TokenPicker) -> torch.Ten
     return picker.distribution(logits)
 
 
-class EnsembleDrafter(Drafter):
+class EnsembleDrafter(TreeDrafting, Drafter):
     """Members ``names`` (e.g. "m", "t") drafted as rows of one batch and mixed by ``policy``."""
 
     def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
-                 target_vocab: int, policy: PolicyConfig, seed: int = 0, captioner: Captioner | None = None):
+                 target_vocab: int, policy: EnsembleSpec, seed: int = 0, captioner: Captioner | None = None):
         self.name = name
         self.captioner = captioner
         self.members = tuple(members)
@@ -47,9 +50,10 @@ class EnsembleDrafter(Drafter):
         self.rows = BatchedRows(draft.model, draft.image_token_id)
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
         self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
-        self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last block
-        self._branch_q: torch.Tensor | None = None  # (d, γ, m, V) the same for each branch of a tree block
-        self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
+        self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last chain block
+        self._weights = torch.ones(len(members), dtype=torch.float64) / len(members)  # the tree block's weights
+        self._root_q: torch.Tensor | None = None  # (m, V) member distributions at a tree's root
+        self._node_q: list[torch.Tensor] = []  # (m, V) after each fed node of the tree, in node order
 
     def models(self) -> list[Any]:
         return [self.rows.model]
@@ -73,51 +77,48 @@ class EnsembleDrafter(Drafter):
         for _ in range(gamma):
             q_k = member_distributions(fit_vocab(self.rows.logits(shared), self.target_vocab), picker)  # (m, V)
             q = mixture(q_k, weights)  # (V,)
-            token = int(q.argmax()) if picker.greedy else picker.choose_from(q)
+            token = pick(q, picker)
             tokens.append(token)
             members_q.append(q_k)
             mixed_q.append(q)
             shared.append(token)
         self._block_q = torch.stack(members_q) if members_q else None
-        self._branch_q = None
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(mixed_q),
                      weights=[float(w) for w in weights])
 
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        """Every branch × every member in each draft forward: the members are the batch rows, the branches
-        nodes of one token tree in every row (``rows.tree_logits``); each branch is mixed with the block's weights."""
-        weights = self.policy.weights()  # (m,)
-        q_k = member_distributions(fit_vocab(self.rows.logits(self.prefix + list(generated)), self.target_vocab),
-                                   picker)  # (m, V)
-        q = mixture(q_k, weights)  # (V,)
-        firsts = first_tokens(q, width, picker)
-        branches = [[token] for token in firsts]
-        members_q = [[q_k] for _ in firsts]
-        mixed_q = [[q] for _ in firsts]
-        parents = [-1] * len(firsts)
-        for step in range(gamma - 1):
-            logits = fit_vocab(self.rows.tree_logits([b[-1] for b in branches], parents), self.target_vocab)  # (m, d, V)
-            for j, branch in enumerate(branches):
-                q_kj = member_distributions(logits[:, j], picker)  # (m, V)
-                q_j = mixture(q_kj, weights)
-                branch.append(int(q_j.argmax()) if picker.greedy else picker.choose_from(q_j))
-                members_q[j].append(q_kj)
-                mixed_q[j].append(q_j)
-            parents = [step * len(branches) + j for j in range(len(branches))]
-        self._tree_shape = (len(branches), gamma - 1)
-        self._branch_q = torch.stack([torch.stack(m) for m in members_q])  # (d, γ, m, V)
-        self._block_q = None
-        probs = None if picker.greedy else torch.stack([torch.stack(m) for m in mixed_q])  # (d, γ, V)
-        return TreeDraft(branches=branches, probs=probs, weights=[float(w) for w in weights])
+    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """The block's weights, then the mixture at the last verified token (every member row in one forward)."""
+        self._weights = self.policy.weights()  # (m,)
+        self._root_q = member_distributions(fit_vocab(self.rows.logits(self.prefix + list(generated)),
+                                                      self.target_vocab), picker)  # (m, V)
+        self._node_q = []
+        return mixture(self._root_q, self._weights)  # (V,)
 
-    def keep_branch(self, branch: int, accepted: int) -> None:
-        width, fed = self._tree_shape
-        self.rows.keep_path([s * width + branch for s in range(min(accepted, fed))])
+    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """Every member row × every node of the level in ONE forward; each node's mixture with the block's weights."""
+        logits = fit_vocab(self.rows.tree_logits(tokens, parents), self.target_vocab)  # (m, n, V)
+        q_k = member_distributions(logits.transpose(0, 1), picker)  # (n, m, V)
+        self._node_q.extend(q_k)
+        return mixture(q_k, self._weights)  # (n, V)
+
+    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        tree = TreeDrafting.propose_tree(self, generated, gamma, width, picker)
+        self._block_q = None
+        return dataclasses.replace(tree, weights=[float(w) for w in self._weights])
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        self.rows.keep_path(nodes)
+
+    def _branch_q(self, nodes: Sequence[int]) -> torch.Tensor:
+        """(γ, m, V): the member distributions each token of a tree branch was picked from."""
+        return torch.stack([self._root_q] + [self._node_q[node] for node in nodes[:-1]])
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """Record the verified positions: those whose prefix the target accepted (accepted + 1, at most γ)."""
-        block_q = self._block_q if self._branch_q is None else self._branch_q[draft.branch]  # (γ, m, V)
-        if block_q is None or not self.policy.uses_evidence:
+        if not self.policy.uses_evidence:
+            return
+        block_q = self._block_q if draft.nodes is None else self._branch_q(draft.nodes)  # (γ, m, V)
+        if block_q is None:
             return
         n = min(verdict.accepted + 1, len(draft))
         kept = torch.tensor((draft.tokens[: verdict.accepted] + [verdict.next_token])[:n])

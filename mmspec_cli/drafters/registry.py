@@ -16,18 +16,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
-from mmspec_cli.drafters.weights import PolicyConfig
+from mmspec_cli.models.profiles import EnsembleSpec
+from mmspec_cli.choices import MEMBER_LETTERS
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.drafters.base import Drafter, NoDrafter
+from mmspec_cli.decoding.drafter import Drafter
+from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import llava_parts
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
-
-LETTERS = "mtcp"
-
 
 @dataclass(frozen=True)
 class DrafterPlan:
@@ -52,7 +51,7 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
         if letter == "s":
             raise InputError(f"drafter '{name}': ssd can't be an ensemble member (ensemble members are rows of the "
                              f"draft model's batch; ssd drafts with the target's own layers); use --drafter ssd alone")
-        if letter not in LETTERS:
+        if letter not in MEMBER_LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
                              f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or use ar")
         if letters.count(letter) > 1:
@@ -104,7 +103,7 @@ def build_drafter(
     name: str,
     target: LoadedModel,
     draft: LoadedModel | None,
-    ensemble: PolicyConfig | None = None,
+    ensemble: EnsembleSpec | None = None,
     default_members: tuple[str, ...] = ("m", "t"),
     pool_kernel: int = 2,
     captioner: Captioner | None = None,
@@ -130,7 +129,7 @@ def build_drafter(
         "c": lambda: caption_row(draft, captioner),
         "p": lambda: pooled_row(draft, pool_kernel),
     }
-    policy = ensemble or PolicyConfig()
+    policy = ensemble or EnsembleSpec()
     if not plan.adaptive:
         policy = dataclasses.replace(policy, policy="static")
     return EnsembleDrafter(name, plan.members, [views[m]() for m in plan.members], draft,

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from mmspec_cli.errors import ModelLoadError
-from mmspec_cli.decoding.kv import common_prefix_length, crop_to, same_tensors
-from mmspec_cli.decoding.tree import Tree, keep_positions, tree_inputs
+from mmspec_cli.decoding.kv import common_prefix_length, same_tensors
+from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.tree import PendingTree
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def additive_step_mask(mask: torch.Tensor, fresh: int, dtype: torch.dtype) -> to
 
 
 def _images(row: Row) -> dict[str, torch.Tensor]:
-    """A row's image tensors in the form ``runner.same_tensors`` compares (empty for text rows)."""
+    """A row's image tensors in the form ``kv.same_tensors`` compares (empty for text rows)."""
     return {} if row.pixel_values is None else {"pixel_values": row.pixel_values}
 
 
@@ -122,8 +123,7 @@ class BatchedRows:
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
         self.head_logits: torch.Tensor | None = None
-        self.tree: Tree | None = None  # a token tree fed after the shared tokens, not settled yet
-        self.tree_tokens: list[int] = []
+        self.tree: PendingTree | None = None  # a token tree fed after the shared tokens, not settled yet
 
     @property
     def width(self) -> int:
@@ -202,7 +202,7 @@ class BatchedRows:
         self.last_logits = self._forward(len(fresh), input_ids=ids)
         return self.last_logits
 
-    # ----------------------------------------------------------------- token trees (tree.py)
+    # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
     @torch.inference_mode()
     def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -212,12 +212,10 @@ class BatchedRows:
         the row's own token count plus its depth, so every row computes what it would alone.
         """
         if self.tree is None:
-            self.tree = Tree(base=self.mask.shape[1])
-            self.tree_tokens = []
-        nodes = self.tree.add(parents)
-        self.tree_tokens.extend(tokens)
-        mask, positions = tree_inputs(self.tree, nodes, self.model.dtype, self.model.device,
-                                      prefix=self.mask)  # (B, 1, n, L), (B, n)
+            self.tree = PendingTree(base=self.mask.shape[1])
+        nodes = self.tree.add(tokens, parents)
+        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.model.device,
+                                           prefix=self.mask)  # (B, 1, n, L), (B, n)
         ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=0)
@@ -228,9 +226,7 @@ class BatchedRows:
         """Settle the tree: the entries of ``nodes`` (one path) become shared tokens of every row."""
         if self.tree is None:
             return
-        base = self.tree.base
-        keep_positions(self.cache, base, [base + n for n in nodes])
-        kept = [self.tree_tokens[n] for n in nodes]
+        kept = self.tree.settle(self.cache, nodes)
         ones = torch.ones(self.width, len(kept), dtype=torch.long, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
         self.shared = self.shared + kept
@@ -239,5 +235,5 @@ class BatchedRows:
 
     def _drop_tree(self) -> None:
         if self.tree is not None:
-            crop_to(self.cache, self.tree.base)
+            self.tree.drop(self.cache)
             self.tree = None

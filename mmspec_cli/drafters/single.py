@@ -16,7 +16,8 @@ from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process, text_only_ids
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.sampling import TokenPicker
-from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.decoding.drafter import Draft, Drafter
+from mmspec_cli.drafters.tree_drafting import TreeDrafting
 
 PromptView = Callable[[str, Sequence[Any]], ModelPrompt]
 
@@ -43,7 +44,12 @@ def text_only_view(draft: LoadedModel) -> PromptView:
     return view
 
 
-class SingleModelDrafter(Drafter):
+def proposal(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+    """What a token is picked from (``tree_drafting``): the logits when greedy, their distribution when sampling."""
+    return logits if picker.greedy else picker.distribution(logits)
+
+
+class SingleModelDrafter(TreeDrafting, Drafter):
     """Autoregressive drafting with the draft model's KV cache over one prompt view."""
 
     def __init__(self, name: str, draft: LoadedModel, view: PromptView, target_vocab: int):
@@ -52,7 +58,6 @@ class SingleModelDrafter(Drafter):
         self.target_vocab = target_vocab
         self.runner = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
         self.prompt = ModelPrompt(ids=[])
-        self._tree_shape = (1, 0)  # (branches, tree steps fed) of the last tree block
 
     def models(self) -> list[Any]:
         return [self.runner.model]
@@ -74,29 +79,14 @@ class SingleModelDrafter(Drafter):
             ids.append(token)
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
 
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        """Branches as nodes of one token tree in the draft's cache: each step is ONE forward of all
-        branches' newest tokens, each seeing the prefix and its own branch (``tree.py``)."""
+    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         ids = self.prompt.ids + list(generated)
-        root = fit_vocab(self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1],
-                         self.target_vocab)  # (V,)
-        q_root = None if picker.greedy else picker.distribution(root)
-        firsts = first_tokens(root if q_root is None else q_root, width, picker)
-        branches = [[token] for token in firsts]
-        dists = [[q_root] for _ in firsts]
-        parents = [-1] * len(firsts)
-        for step in range(gamma - 1):
-            logits = fit_vocab(self.runner.tree_logits([b[-1] for b in branches], parents), self.target_vocab)  # (d, V)
-            for j, branch in enumerate(branches):
-                token, probs = picker.choose(logits[j])
-                branch.append(token)
-                dists[j].append(probs)
-            parents = [step * len(branches) + j for j in range(len(branches))]
-        self._tree_shape = (len(branches), gamma - 1)
-        probs = None if picker.greedy else torch.stack([torch.stack(d) for d in dists])  # (d, γ, V)
-        return TreeDraft(branches=branches, probs=probs)
+        logits = self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1]
+        return proposal(fit_vocab(logits, self.target_vocab), picker)  # (V,)
 
-    def keep_branch(self, branch: int, accepted: int) -> None:
-        """Keep the followed branch's accepted tokens in the draft cache (node s·d + j is token s+1 of branch j)."""
-        width, fed = self._tree_shape
-        self.runner.keep_path([s * width + branch for s in range(min(accepted, fed))])
+    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """ONE forward of the level's nodes in the draft's cache, each seeing the prefix and its own branch."""
+        return proposal(fit_vocab(self.runner.tree_logits(tokens, parents), self.target_vocab), picker)  # (n, V)
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        self.runner.keep_path(nodes)

@@ -43,10 +43,13 @@ from transformers.cache_utils import Cache
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process
-from mmspec_cli.decoding.kv import CachedModel, crop_to
-from mmspec_cli.decoding.tree import Tree, tree_inputs
+from mmspec_cli.decoding.drafter import Draft, Drafter
+from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.rollback import crop_to
 from mmspec_cli.decoding.sampling import TokenPicker
-from mmspec_cli.drafters.base import Draft, Drafter, TreeDraft, first_tokens
+from mmspec_cli.decoding.tree import PendingTree
+from mmspec_cli.drafters.single import proposal
+from mmspec_cli.drafters.tree_drafting import TreeDrafting
 
 
 def text_decoder(model: Any) -> Any:
@@ -105,7 +108,7 @@ def shared_layers(cache: Cache, layers: int) -> Cache:
     return Cache(layers=list(cache.layers[:layers]))
 
 
-class SelfSpeculativeDrafter(Drafter):
+class SelfSpeculativeDrafter(TreeDrafting, Drafter):
     """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache."""
 
     name = "ssd"
@@ -118,6 +121,9 @@ class SelfSpeculativeDrafter(Drafter):
         self.runner: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prefilled = False
+        self._cache: Cache | None = None  # while a tree is drafted: the draft's view of the target's cache,
+        self._context = 0  # the verified context it is cropped back to,
+        self._tree: PendingTree | None = None  # and the tree's nodes in it
 
     def bind_target(self, runner: CachedModel) -> None:
         self.runner = runner
@@ -160,25 +166,17 @@ class SelfSpeculativeDrafter(Drafter):
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
 
     @torch.inference_mode()
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        """All branches in each draft forward, as nodes of one token tree (``tree.py``) in the shared layers."""
-        verified, context, cache = self._start(generated)
-        root = self._logits(cache, [verified[-1]])[-1]  # (V,)
-        q_root = None if picker.greedy else picker.distribution(root)
-        firsts = first_tokens(root if q_root is None else q_root, width, picker)
-        branches = [[token] for token in firsts]
-        dists = [[q_root] for _ in firsts]
-        tree = Tree(base=context + 1)
-        parents = [-1] * len(firsts)
-        for _ in range(gamma - 1):
-            nodes = tree.add(parents)
-            mask, positions = tree_inputs(tree, nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, L), (1, n)
-            logits = self._logits(cache, [b[-1] for b in branches], attention_mask=mask, position_ids=positions)
-            for j, branch in enumerate(branches):
-                token, probs = picker.choose(logits[j])
-                branch.append(token)
-                dists[j].append(probs)
-            parents = nodes
-        crop_to(cache, context)  # as in propose: verification recomputes the block
-        probs = None if picker.greedy else torch.stack([torch.stack(d) for d in dists])  # (d, γ, V)
-        return TreeDraft(branches=branches, probs=probs)
+    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        verified, self._context, self._cache = self._start(generated)
+        self._tree = PendingTree(base=len(verified))  # the tree hangs off the last verified token, fed here
+        return proposal(self._logits(self._cache, [verified[-1]])[-1], picker)  # (V,)
+
+    @torch.inference_mode()
+    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """ONE forward of the level's nodes through the shared layers, each seeing the prefix and its own branch."""
+        nodes = self._tree.add(tokens, parents)
+        mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, L), (1, n)
+        return proposal(self._logits(self._cache, tokens, attention_mask=mask, position_ids=positions), picker)
+
+    def tree_done(self) -> None:
+        crop_to(self._cache, self._context)  # as in propose: verification recomputes the block

@@ -13,9 +13,10 @@ The evidence for every candidate is accumulated right after each verification
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import torch
+
+from mmspec_cli.models.profiles import EnsembleSpec
 
 KL_FLOOR = 1e-10  # q_w is floored here inside log so that KL stays finite where q_w = 0
 
@@ -128,19 +129,6 @@ def random_simplex_point(members: int, generator: torch.Generator) -> torch.Tens
     return e / e.sum()
 
 
-@dataclass(frozen=True)
-class PolicyConfig:
-    """``ensemble`` profile keys that shape the weights."""
-
-    policy: str = "grid"  # grid | softmax | adaboost | random | static
-    distance: str = "kl"  # kl | tvd
-    labels: str = "soft"  # soft | hard
-    window: int | None = None  # None = all verified positions
-    grid_steps: int = 10
-    tau: float = 1.0
-    adaboost_c: float = 1.0
-
-
 class WeightPolicy:
     """Chooses the block's weights from accumulated evidence (TABED Alg. 1, App. B).
 
@@ -149,7 +137,9 @@ class WeightPolicy:
     ``static`` use no evidence. The first block of a turn uses equal weights, whatever the policy.
     """
 
-    def __init__(self, members: int, config: PolicyConfig, vocab_size: int, seed: int = 0):
+    def __init__(self, members: int, config: EnsembleSpec, vocab_size: int, seed: int = 0):
+        """``config``: the profile's ``ensemble`` section (policy, distance, labels, window, grid_steps,
+        tau, adaboost_c); its ``members`` are the drafter's business, not the policy's."""
         self.members = members
         self.config = config
         self.vocab_size = vocab_size

@@ -18,14 +18,6 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmspec_cli.errors import ModelLoadError
 
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-
-
 @dataclass
 class LoadedModel:
     """A loaded image-text-to-text model with its processor; ``role`` is 'target' or 'draft'."""
@@ -160,7 +152,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
             f"{role}.model: '{spec.model}' is a '{config.model_type}' model, not an image-text-to-text model; "
             f"use a LLaVA-family model such as llava-hf/llava-1.5-7b-hf"
         )
-    dtype = DTYPES[spec.dtype]
+    dtype = getattr(torch, spec.dtype)  # one of choices.DTYPES, checked by the profile
     device = resolve_device(spec.device)
     kwargs: dict[str, Any] = dict(common, dtype=dtype)
     quant = _quantization_config(spec.quantization, dtype, role)

@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from mmspec_cli.choices import DTYPES, MAX_GAMMA, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES, QUANTIZATIONS, SCHEDULES
 from mmspec_cli.errors import ProfileError
-from mmspec_cli.decoding.schedules import SCHEDULES
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
 #: which runs offline on a CPU. ``None`` would make ``--profile`` required.
@@ -204,10 +204,6 @@ def _build(cls: type, data: Any, path: str = "", **extra: Any) -> Any:
 
 # --------------------------------------------------------------------------- sections
 
-DTYPES = ("float32", "float16", "bfloat16", "float64")
-QUANTIZATIONS = (None, "8bit", "4bit")
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A model to load: hub id or local path, plus how to load it."""
@@ -224,18 +220,14 @@ class ModelSpec:
 class DecodingSpec:
     """Decoding settings shared by all drafters."""
 
-    gamma: int = _key(_integer(1, 64), 5)
+    gamma: int = _key(_integer(1, MAX_GAMMA), 5)
     max_new_tokens: int = _key(_integer(1), 128)
     temperature: float = _key(_number("a number >= 0", lambda x: x >= 0), 0.0)
     top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
     top_k: int | None = _key(_optional(_integer(1)), None)
     seed: int | None = _key(_optional(_integer(0)), None)
     gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
-    tree_width: int = _key(_integer(1, 8), 1)  # token trees: branches per block (1 = a plain chain)
-
-
-MEMBER_LETTERS = ("m", "t", "c", "p")
-POLICIES = ("grid", "softmax", "adaboost", "random", "static")
+    tree_width: int = _key(_integer(1, MAX_TREE_WIDTH), 1)  # token trees: branches per block (1 = a plain chain)
 
 
 def _members(value: Any, path: str) -> tuple[str, ...]:
@@ -402,19 +394,37 @@ def load_profile(name_or_path: str | None) -> Profile:
         raise ProfileError(f"{exc} (in profile {path})") from None
 
 
-#: Flat CLI override name -> section it belongs to (``None``: top level of the profile), or
-#: ``"section.key"`` when the key's name differs from the override's.
-OVERRIDES: dict[str, str | None] = {
-    "gamma": "decoding",
-    "max_new_tokens": "decoding",
-    "temperature": "decoding",
-    "top_p": "decoding",
-    "top_k": "decoding",
-    "seed": "decoding",
-    "gamma_schedule": "decoding",
-    "tree_width": "decoding",
-    "drafter": None,
-    "ssd_layer": "ssd.layer",
+@dataclass(frozen=True)
+class Override:
+    """A setting that a flag (``--gamma N``) and ``load_decoder(gamma=N)`` override.
+
+    ``key`` is the profile key it sets (``"decoding.gamma"``; no dot: a top-level key); the
+    rest is what the flag shows in ``--help``. The value goes through the key's own check.
+    """
+
+    key: str
+    type: type
+    metavar: str
+    help: str
+
+
+#: Every override, declared once: the CLI builds its decoding flags from this table
+#: (``cli/options.py``), so a new decoding flag is one entry here plus its profile key.
+OVERRIDES: dict[str, Override] = {
+    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, or ar (no drafting)."),
+    "gamma": Override("decoding.gamma", int, "N", f"Draft tokens per block (1-{MAX_GAMMA})."),
+    "gamma_schedule": Override("decoding.gamma_schedule", str, "|".join(SCHEDULES), (
+        "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
+        "fastvlm (FastVLM Eq. 5, grows with the context from γ).")),
+    "ssd_layer": Override("ssd.layer", int, "N", "ssd: draft with the target's first N decoder layers "
+                                                  "(see `mmspec select-layer`)."),
+    "tree_width": Override("decoding.tree_width", int, "D", (
+        f"Token trees: D branches per block (1-{MAX_TREE_WIDTH}), verified in one target forward; 1 = no tree.")),
+    "max_new_tokens": Override("decoding.max_new_tokens", int, "N", "Tokens to generate per turn, at most."),
+    "temperature": Override("decoding.temperature", float, "X", "0 for greedy decoding."),
+    "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),
+    "top_k": Override("decoding.top_k", int, "N", "Sample from the N likeliest tokens."),
+    "seed": Override("decoding.seed", int, "N", "Random seed for sampling."),
 }
 
 
@@ -435,8 +445,8 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     for name, value in overrides.items():
         if value is None:
             continue
-        section, _, key = (OVERRIDES[name] or "").partition(".")
-        section, key = section or None, key or name
+        section, _, key = OVERRIDES[name].key.rpartition(".")
+        section = section or None
         owner = Profile if section is None else type(getattr(profile, section))
         check = next(f for f in _keys(owner) if f.name == key).metadata["check"]
         changes.setdefault(section, {})[key] = check(value, _flag(name))

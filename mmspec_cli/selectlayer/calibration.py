@@ -3,14 +3,13 @@
 :func:`layer_confidences` decodes every sample with the target alone (``ar``, the profile's
 decoding settings), then runs one forward per turn over prompt + answer with the hidden
 states of every layer, and sums the confidence max softmax(LM head(final norm(h_l))) over
-the positions that predict the generated tokens (the maths is in :mod:`.layer_select`).
+the positions that predict the generated tokens (the maths is in :mod:`.reward`).
 :func:`measure_layers` runs ``ssd`` at given layers over the same samples and measures what
 the reward only stands in for: block efficiency τ, the latency ratio c and the speedup.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import torch
 from mmspec_cli.api import ModelSet
 from mmspec_cli.bench.samples import Sample, load_sample_images
 from mmspec_cli.drafters.ssd import text_decoder
-from mmspec_cli.decoding.engine import BlockVerified, Generation
+from mmspec_cli.decoding.events import BlockVerified, Generation
 from mmspec_cli.selectlayer.reward import max_confidence_sums
 from mmspec_cli.decoding.metrics import RunStats, expected_speedup
 from mmspec_cli.models.prompts import process, render_prompt
@@ -50,15 +49,15 @@ class LayerMeasurement:
     speedup: float
 
 
-def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample]) -> list[tuple[Sample, list, Generation]]:
+def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample],
+            ssd_layer: int | None = None) -> list[tuple[Sample, list, Generation]]:
     """Decode every sample with ``drafter`` after one short untimed warm-up turn."""
-    decoder = models.decoder(drafter)
+    decoder = models.decoder(drafter, ssd_layer=ssd_layer)
     loaded = [(sample, load_sample_images(sample)) for sample in samples]
     if loaded:
-        timed = decoder.max_new_tokens
-        decoder.max_new_tokens = min(WARMUP_TOKENS, timed)
-        decoder.generate(loaded[0][1], list(loaded[0][0].turns[:1]), history=loaded[0][0].history)
-        decoder.max_new_tokens = timed
+        sample, images = loaded[0]
+        decoder.generate(images, list(sample.turns[:1]), history=sample.history,
+                         max_new_tokens=min(WARMUP_TOKENS, decoder.max_new_tokens))
     return [(sample, images, decoder.generate(images, list(sample.turns), history=sample.history))
             for sample, images in loaded]
 
@@ -108,12 +107,7 @@ def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence
     ar_per_token = ar.wall_s / max(ar.new_tokens, 1)
     out = []
     for layer in layers:
-        profile = models.profile
-        models.profile = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer))
-        try:
-            runs = _decode(models, "ssd", samples)
-        finally:
-            models.profile = profile
+        runs = _decode(models, "ssd", samples, ssd_layer=layer)
         stats = RunStats.total(g.stats for _, _, g in runs)
         tau = stats.block_efficiency
         blocks = [b for _, _, g in runs for t in g.turns for b in t.blocks]

@@ -1,11 +1,15 @@
-"""The drafter interface: everything the engine needs from a drafting method.
+"""What the engine needs from a drafting method: the :class:`Drafter` interface and the drafts it hands over.
 
 A drafter is told the prompt of each turn (``begin_turn``), then asked once per block for
-up to γ tokens that continue the tokens generated so far (``propose``). It returns a
-:class:`Draft`: the tokens and, when sampling, the distribution each token was drawn
-from; the verifier needs exactly that q. Rolling back after a rejection is implicit: the
-next ``propose`` receives the verified tokens, and the drafter's cache keeps only what
-matches them.
+up to γ tokens that continue the tokens generated so far (``propose``), or for a token tree
+(``propose_tree``). It returns a :class:`Draft` (or :class:`TreeDraft`): the tokens and, when
+sampling, the distribution each token was drawn from; the verifier needs exactly that q
+(vLLM's proposer/rejection-sampler split: a dataclass hands drafts to the verifier). Rolling
+back after a rejection is implicit: the next ``propose`` receives the verified tokens, and
+the drafter's cache keeps only what matches them. After a tree block the drafter is told
+the accepted nodes (``keep_path``).
+
+The drafting methods themselves live in :mod:`mmspec_cli.drafters`.
 """
 
 from __future__ import annotations
@@ -17,18 +21,22 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.decoding.sampling import TokenPicker, draw_without_replacement
+from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.decoding.tree import TreeTopology
 from mmspec_cli.decoding.verify import Verdict
 
 
 @dataclass(frozen=True)
 class Draft:
-    """γ proposed token ids; ``probs`` (γ, V) the distributions they were drawn from (None when greedy)."""
+    """γ proposed token ids; ``probs`` (γ, V) the distributions they were drawn from (None when greedy).
+
+    ``nodes``: when this chain is a branch of a :class:`TreeDraft`, its node numbers in the tree.
+    """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     weights: list[float] | None = None  # ensemble weights used for this block, if any
-    branch: int = 0  # which branch of a TreeDraft this chain is
+    nodes: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -39,34 +47,40 @@ EMPTY_DRAFT = Draft(tokens=[])
 
 @dataclass(frozen=True)
 class TreeDraft:
-    """d branches of γ tokens with distinct first tokens (verify.py's tree rules); ``probs`` (d, γ, V)
-    the distributions each token was drawn from (None when greedy). Branch order is the draw order."""
+    """A token tree: ``tokens[i]`` is node i of ``topology``; ``probs`` (n, V) the distribution each
+    node's token was drawn from (None when greedy). Branches are the topology's root-to-leaf paths."""
 
-    branches: list[list[int]]
+    topology: TreeTopology
+    tokens: list[int]
     probs: torch.Tensor | None = None
     weights: list[float] | None = None
 
+    @property
+    def branches(self) -> list[list[int]]:
+        """Each branch's tokens, in branch order."""
+        return [[self.tokens[node] for node in path] for path in self.topology.branches()]
+
+    def branch_probs(self) -> torch.Tensor | None:
+        """(d, γ, V): the distribution each branch token was drawn from (None when greedy)."""
+        if self.probs is None:
+            return None
+        return torch.stack([self.probs[path] for path in self.topology.branches()])
+
     def branch(self, j: int) -> Draft:
         """Branch ``j`` as a chain draft."""
-        return Draft(tokens=list(self.branches[j]), probs=None if self.probs is None else self.probs[j],
-                     weights=self.weights, branch=j)
-
-
-def first_tokens(scores: torch.Tensor, width: int, picker: TokenPicker) -> list[int]:
-    """The tree's first tokens from the root distribution: the ``width`` likeliest (greedy; ``scores``
-    may be logits or probabilities), or ``width`` draws without replacement from ``scores`` (sampling;
-    probabilities), fewer if the support is smaller."""
-    if picker.greedy:
-        return torch.topk(scores, min(width, scores.shape[-1])).indices.tolist()
-    return draw_without_replacement(scores, width, picker.generator)
+        path = self.topology.branches()[j]
+        return Draft(tokens=[self.tokens[node] for node in path],
+                     probs=None if self.probs is None else self.probs[path], weights=self.weights, nodes=tuple(path))
 
 
 class Drafter(ABC):
     """A drafting method. ``name`` is the user-facing drafter name (``m``, ``t``, ...);
-    ``members`` the order of the weights an ensemble reports (empty for single drafters)."""
+    ``members`` the order of the weights an ensemble reports (empty for single drafters);
+    ``drafts`` is False for ``ar``, whose blocks are plain decoding steps of the target."""
 
     name: str
     members: tuple[str, ...] = ()
+    drafts: bool = True
 
     @abstractmethod
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
@@ -80,8 +94,8 @@ class Drafter(ABC):
     def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
         """Draft ``width`` branches of ``gamma`` tokens (token trees, TABED §6.1), all in each draft forward."""
 
-    def keep_branch(self, branch: int, accepted: int) -> None:
-        """After a tree block: the target followed ``branch`` and accepted its first ``accepted`` tokens."""
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """After a tree block: the target accepted these nodes of the tree (a path from its top)."""
 
     def models(self) -> list[Any]:
         """The draft-side models this drafter runs forwards of (checked for token-tree support)."""
@@ -101,18 +115,3 @@ class Drafter(ABC):
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """See the target's logits (γ+1, V) for the block just verified; adaptive drafters learn here."""
-
-
-class NoDrafter(Drafter):
-    """``ar``: no drafting; every block is one plain decoding step of the target."""
-
-    name = "ar"
-
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        pass
-
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        return EMPTY_DRAFT
-
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        return TreeDraft(branches=[])

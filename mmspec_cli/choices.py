@@ -1,0 +1,29 @@
+"""The names and limits a user types, each defined once: profile keys, flags and the code read them here.
+
+Importing this module imports nothing else (no torch), so ``mmspec --help`` and the profile
+validator stay fast.
+"""
+
+from __future__ import annotations
+
+#: Drafting methods that can be ensemble members (rows of one batched draft forward):
+#: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
+MEMBER_LETTERS = ("m", "t", "c", "p")
+
+#: Floating-point dtypes a model can be loaded in (``torch.<name>``).
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+#: Weight quantization through bitsandbytes (``None``: none).
+QUANTIZATIONS = (None, "8bit", "4bit")
+
+#: Draft-length schedules (``decoding/schedules.py``).
+SCHEDULES = ("constant", "heuristic", "fastvlm")
+
+#: TABED weight policies (``drafters/weights.py``).
+POLICIES = ("grid", "softmax", "adaboost", "random", "static")
+
+#: Token trees: at most this many branches per block (``--tree-width``).
+MAX_TREE_WIDTH = 8
+
+#: The largest draft length γ a profile or ``--gamma`` accepts.
+MAX_GAMMA = 64

@@ -1,0 +1,51 @@
+"""Clocks of the decoding loop: the stages of a block, and a turn's decoding time.
+
+A turn's decoding time leaves out what is not decoding: the consumer's time between events
+(rendering, writing records) and captioning, which caption drafting reports apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class Laps:
+    """Seconds between successive calls of :meth:`lap`, starting now."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+class TurnClock:
+    """A turn's wall time, less the pauses taken with :meth:`paused` and the drafter's captioning."""
+
+    def __init__(self, drafter: Any):
+        self.drafter = drafter
+        self.start = time.perf_counter()
+        self.paused_s = 0.0
+        self.captioned_before = drafter.caption_seconds
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (the consumer's, while an event is handed over) is not decoding."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_s += time.perf_counter() - begin
+
+    @property
+    def caption_s(self) -> float:
+        return self.drafter.caption_seconds - self.captioned_before
+
+    @property
+    def decoding_s(self) -> float:
+        return time.perf_counter() - self.start - self.paused_s - self.caption_s
