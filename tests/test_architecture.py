@@ -22,6 +22,7 @@ LAYERS = {
     "bench": 5,
     "selectlayer": 6,
     "cli": 7,
+    "__main__": 8,  # python -m mmspec_cli
 }
 
 

@@ -136,7 +136,21 @@ class SpeculativeDecoder:
         if not (self.overlap_prefill and self.drafter.slow_start(images) and len(prompt.ids) > 1):
             self.drafter.begin_turn(text, images)
             return
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            started = pool.submit(self.drafter.begin_turn, text, images)
-            self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
-            started.result()  # re-raises the drafter's error, if any
+        started = overlap_worker().submit(self.drafter.begin_turn, text, images)
+        self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
+        started.result()  # re-raises the drafter's error, if any
+
+
+_WORKER: ThreadPoolExecutor | None = None
+
+
+def overlap_worker() -> ThreadPoolExecutor:
+    """The one thread, kept for the whole process, that runs a drafter's slow start beside the prefill.
+
+    A new thread per turn made the overlap slower than none on an H100 (CUDA libraries set up
+    per-thread state on a thread's first kernels; docs/BENCHMARKS.md, "CUDA paths").
+    """
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmspec-overlap")
+    return _WORKER
