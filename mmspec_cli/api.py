@@ -73,6 +73,10 @@ class ModelSet:
             seed=decoding.seed,
             gamma_schedule=decoding.gamma_schedule,
             tree_width=decoding.tree_width,
+            tree=decoding.tree,
+            tree_budget=decoding.tree_budget,
+            tree_depth=decoding.tree_depth,
+            tree_topk=decoding.tree_topk,
         )
 
 

@@ -25,5 +25,11 @@ POLICIES = ("grid", "softmax", "adaboost", "random", "static")
 #: Token trees: at most this many branches per block (``--tree-width``).
 MAX_TREE_WIDTH = 8
 
+#: Token-tree kinds (``--tree``): a plain chain, width-d branches (TABED §6.1), EAGLE-2 dynamic trees.
+TREE_KINDS = ("chain", "width", "dynamic")
+
+#: Dynamic trees: the most nodes one target forward verifies (``--tree-budget``, the root included).
+MAX_TREE_BUDGET = 512
+
 #: The largest draft length γ a profile or ``--gamma`` accepts.
 MAX_GAMMA = 64

@@ -36,9 +36,10 @@ class HfAssistedPeer:
         """Refuse, before any model loads, settings assisted generation does not have."""
         if profile.decoding.temperature != 0:
             raise InputError("hf-assisted runs greedy only; use --temperature 0 or drop hf-assisted")
-        if profile.decoding.tree_width != 1 or profile.decoding.gamma_schedule != "constant":
-            raise InputError("hf-assisted drafts a constant-γ chain; drop --tree-width/--gamma-schedule "
-                             "(or decoding.tree_width/gamma_schedule) or drop hf-assisted")
+        decoding = profile.decoding
+        if decoding.tree_width != 1 or decoding.tree not in (None, "chain") or decoding.gamma_schedule != "constant":
+            raise InputError("hf-assisted drafts a constant-γ chain; drop --tree/--tree-width/--gamma-schedule "
+                             "(or decoding.tree/tree_width/gamma_schedule) or drop hf-assisted")
 
     def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                  on_event: Callable[[Event], None] | None = None, history: Sequence[tuple[str, str]] = (),

@@ -157,6 +157,9 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
         drafting["gamma_schedule"] = decoding.gamma_schedule
     if decoding.tree_width != 1:
         drafting["tree_width"] = decoding.tree_width
+    if decoding.tree is not None:  # only when set, so older files stay resumable
+        drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
+                                                      "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
     if "ssd" in names:
         drafting["ssd"] = plain["ssd"]
     ensemble = json.dumps(drafting, sort_keys=True)

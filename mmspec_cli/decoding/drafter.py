@@ -48,12 +48,14 @@ EMPTY_DRAFT = Draft(tokens=[])
 @dataclass(frozen=True)
 class TreeDraft:
     """A token tree: ``tokens[i]`` is node i of ``topology``; ``probs`` (n, V) the distribution each
-    node's token was drawn from (None when greedy). Branches are the topology's root-to-leaf paths."""
+    node's token was drawn from (None when greedy, and for dynamic trees, whose tokens are chosen
+    deterministically). Branches are the topology's root-to-leaf paths."""
 
     topology: TreeTopology
     tokens: list[int]
     probs: torch.Tensor | None = None
     weights: list[float] | None = None
+    scores: list[float] | None = None  # a dynamic tree's draft scores (EAGLE-2), which order siblings for sampling
 
     @property
     def branches(self) -> list[list[int]]:
@@ -68,7 +70,10 @@ class TreeDraft:
 
     def branch(self, j: int) -> Draft:
         """Branch ``j`` as a chain draft."""
-        path = self.topology.branches()[j]
+        return self.chain(self.topology.branches()[j])
+
+    def chain(self, path: list[int]) -> Draft:
+        """The nodes of ``path`` (from depth 0 down) as a chain draft."""
         return Draft(tokens=[self.tokens[node] for node in path],
                      probs=None if self.probs is None else self.probs[path], weights=self.weights, nodes=tuple(path))
 
@@ -93,6 +98,11 @@ class Drafter(ABC):
     @abstractmethod
     def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
         """Draft ``width`` branches of ``gamma`` tokens (token trees, TABED §6.1), all in each draft forward."""
+
+    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
+                             picker: TokenPicker) -> TreeDraft:
+        """Draft an EAGLE-2 dynamic tree of at most ``levels`` levels and ``budget`` − 1 nodes."""
+        raise NotImplementedError(f"drafter {self.name} drafts no dynamic tree")
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         """After a tree block: the target accepted these nodes of the tree (a path from its top)."""

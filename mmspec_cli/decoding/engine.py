@@ -23,7 +23,7 @@ from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.decoding.schedules import GammaSchedule, check_schedule
 from mmspec_cli.decoding.step import BlockStep, TurnOutput
 from mmspec_cli.decoding.timing import TurnClock
-from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
+from mmspec_cli.decoding.tree import TreeSettings, check_tree_support
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import process
 
@@ -65,13 +65,18 @@ class SpeculativeDecoder:
         overlap_prefill: bool | None = None,
         gamma_schedule: str = "constant",
         tree_width: int = 1,
+        tree: str | None = None,
+        tree_budget: int = 30,
+        tree_depth: int = 3,
+        tree_topk: int = 8,
     ):
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
         self.gamma_schedule = check_schedule(gamma_schedule)
-        self.tree_width = check_tree_width(tree_width)
-        if tree_width > 1 and drafter.drafts:  # `ar` drafts nothing: its tree width is moot
+        self.tree = TreeSettings.resolve(tree, tree_width, tree_budget, tree_depth, tree_topk)
+        self.tree_width = self.tree.width
+        if self.tree.drafts_tree and drafter.drafts:  # `ar` drafts nothing: its tree is moot
             for model in (target.model, *drafter.models()):
                 check_tree_support(model)
         self.max_new_tokens = max_new_tokens
@@ -79,7 +84,7 @@ class SpeculativeDecoder:
         self.seed = seed
         self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
         drafter.bind_target(self.runner)
-        self.step = BlockStep(self.runner, drafter, self.tree_width)
+        self.step = BlockStep(self.runner, drafter, self.tree)
         self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
@@ -120,7 +125,7 @@ class SpeculativeDecoder:
         schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
         while not output.finished and len(output.tokens) < max_new_tokens:
             room = max_new_tokens - len(output.tokens) - 1  # the target adds one token after the drafts
-            gamma = min(schedule.length(len(prompt.ids) + len(output.tokens)), room)
+            gamma = self.step.length(schedule.length(len(prompt.ids) + len(output.tokens)), room)
             outcome = self.step.run(prompt, output.tokens, gamma, picker)
             schedule.update(len(outcome.draft), outcome.verdict.accepted)
             block = output.add(outcome)

@@ -24,8 +24,9 @@ from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.timing import Laps
-from mmspec_cli.decoding.tree import rooted, rooted_parents, split_rooted
-from mmspec_cli.decoding.verify import Verdict, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
+from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, split_rooted, unrooted
+from mmspec_cli.decoding.verify import (Verdict, verify_any_tree_greedy, verify_any_tree_sampling, verify_greedy,
+                                        verify_sampling, verify_tree_greedy, verify_tree_sampling)
 from mmspec_cli.models.prompts import ModelPrompt
 
 
@@ -42,18 +43,23 @@ class BlockOutcome:
 
 
 class BlockStep:
-    """Runs blocks of ``drafter`` against the target's cached model; trees of ``tree_width`` branches when > 1."""
+    """Runs blocks of ``drafter`` against the target's cached model, as chains or trees (``settings``)."""
 
-    def __init__(self, target: CachedModel, drafter: Drafter, tree_width: int = 1):
+    def __init__(self, target: CachedModel, drafter: Drafter, settings: TreeSettings = TreeSettings()):
         self.target = target
         self.drafter = drafter
-        self.tree_width = tree_width
+        self.settings = settings
+        self.trees = settings.drafts_tree and drafter.drafts
+
+    def length(self, scheduled: int, room: int) -> int:
+        """Tokens a block may draft: the schedule's γ (a dynamic tree: its levels), at most ``room``."""
+        return min(self.settings.depth + 1 if self.settings.kind == "dynamic" else scheduled, room)
 
     def run(self, prompt: ModelPrompt, generated: list[int], gamma: int, picker: TokenPicker) -> BlockOutcome:
         laps = Laps()
         tree = None
-        if gamma > 0 and self.tree_width > 1 and self.drafter.drafts:
-            tree = self.drafter.propose_tree(generated, gamma, self.tree_width, picker)
+        if gamma > 0 and self.trees:
+            tree = self._propose_tree(generated, gamma, picker)
             draft_s = laps.lap()
             verdict, logits, draft = self._verify_tree(prompt, generated, tree, picker)
         else:
@@ -64,6 +70,12 @@ class BlockStep:
         if len(draft):
             self.drafter.observe(logits, draft, verdict, picker)
         return BlockOutcome(draft, verdict, tree, draft_s, verify_s, laps.lap())
+
+    def _propose_tree(self, generated: list[int], gamma: int, picker: TokenPicker) -> TreeDraft:
+        s = self.settings
+        if s.kind == "dynamic":
+            return self.drafter.propose_dynamic_tree(generated, gamma, s.budget, s.topk, picker)
+        return self.drafter.propose_tree(generated, gamma, s.width, picker)
 
     def _verify(self, prompt: ModelPrompt, generated: list[int], draft: Draft,
                 picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
@@ -80,11 +92,22 @@ class BlockStep:
         """ONE target forward over the root (the last verified token) and every node; then the tree rule.
 
         Only the accepted path stays in the target's cache and in the draft's. Returns the verdict,
-        the target's logits (γ+1, V) along the followed branch, and that branch as a chain.
+        the target's logits along the followed branch (γ+1, V), and that branch as a chain.
         """
         verified = prompt.ids + generated
         self.target.hold(verified[:-1], vision=prompt.vision, prompt_len=min(len(prompt.ids), len(verified) - 1))
-        logits = self.target.tree_logits([verified[-1]] + tree.tokens, rooted_parents(tree.topology))  # (1 + n, V)
+        tokens, parents = [verified[-1]] + tree.tokens, rooted_parents(tree.topology)
+        logits = self.target.tree_logits(tokens, parents)  # (1 + n, V)
+        if tree.scores is not None:
+            accepted, next_token, followed = self._follow_dynamic(tree, tokens, parents, logits, picker)
+        else:
+            accepted, next_token, followed = self._follow_width(tree, logits, picker)
+        self.target.keep_path(rooted(accepted))
+        self.drafter.keep_path(accepted)
+        return Verdict(len(accepted), next_token), logits[rooted(followed.nodes)], followed
+
+    def _follow_width(self, tree: TreeDraft, logits: torch.Tensor, picker: TokenPicker):
+        """A width tree: the branch rules of TABED §6.1 (greedy) and recursive rejection sampling."""
         root, branches = split_rooted(tree.topology, logits)  # (V,), (d, γ, V)
         tokens = torch.tensor(tree.branches, dtype=torch.long)  # (d, γ)
         if picker.greedy:
@@ -93,11 +116,19 @@ class BlockStep:
             outcome = verify_tree_sampling(tokens, tree.branch_probs(), picker.distribution(root),
                                            picker.distribution(branches), picker.generator)
         followed = tree.branch(outcome.branch)
-        accepted = list(followed.nodes[: outcome.accepted])
-        self.target.keep_path(rooted(accepted))
-        self.drafter.keep_path(accepted)
-        chain = torch.cat([root[None], branches[outcome.branch]])  # (γ+1, V)
-        return Verdict(outcome.accepted, outcome.next_token), chain, followed
+        return list(followed.nodes[: outcome.accepted]), outcome.next_token, followed
+
+    def _follow_dynamic(self, tree: TreeDraft, tokens: list[int], parents: list[int], logits: torch.Tensor,
+                        picker: TokenPicker):
+        """A dynamic tree: the longest matching path (greedy) or deterministic candidates (sampling);
+        the followed chain is the accepted path continued through the best-scoring children."""
+        if picker.greedy:
+            verdict = verify_any_tree_greedy(parents, tokens, logits)
+        else:
+            verdict = verify_any_tree_sampling(parents, tokens, [0.0] + tree.scores, picker.distribution(logits),
+                                               picker.generator)
+        accepted = unrooted(verdict.rows)
+        return accepted, verdict.next_token, tree.chain(tree.topology.extend(accepted, tree.scores))
 
 
 def cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:

@@ -62,6 +62,36 @@ def check_tree_support(model) -> None:
             f"attention; use --tree-width 1")
 
 
+@dataclass(frozen=True)
+class TreeSettings:
+    """What tree a block drafts: ``kind`` chain, width (``width`` branches) or dynamic (EAGLE-2:
+    ``topk`` children per expanded node, ``depth`` expansion rounds, ``budget`` nodes verified, root included)."""
+
+    kind: str = "chain"
+    width: int = 1
+    budget: int = 30
+    depth: int = 3
+    topk: int = 8
+
+    @classmethod
+    def resolve(cls, tree: str | None, width: int = 1, budget: int = 30, depth: int = 3,
+                topk: int = 8) -> "TreeSettings":
+        """``tree`` None: a width tree when ``width`` > 1, else a chain (``--tree-width`` alone keeps working)."""
+        check_tree_width(width)
+        kind = tree if tree is not None else ("width" if width > 1 else "chain")
+        if kind == "chain" and width > 1:
+            raise InputError(f"--tree chain and --tree-width {width} disagree; drop --tree-width, or use --tree width")
+        if kind == "width" and width < 2:
+            raise InputError("--tree width needs --tree-width 2 or more (branches per block)")
+        if kind == "dynamic" and width > 1:
+            raise InputError(f"--tree dynamic shapes its own tree; drop --tree-width {width} (use --tree-topk)")
+        return cls(kind, width, budget, depth, topk)
+
+    @property
+    def drafts_tree(self) -> bool:
+        return self.kind != "chain"
+
+
 def _depths(parents: Sequence[int]) -> tuple[int, ...]:
     depths: list[int] = []
     for node, parent in enumerate(parents):
@@ -113,6 +143,19 @@ class TreeTopology:
         """Every root-to-leaf path, in leaf order (for a width tree: branch j is the j-th)."""
         return [self.path(leaf) for leaf in self.leaves()]
 
+    def children(self, node: int) -> list[int]:
+        """``node``'s children (``ROOT``: the depth-0 nodes), in node order."""
+        return [child for child, parent in enumerate(self.parents) if parent == node]
+
+    def extend(self, path: Sequence[int], scores: Sequence[float]) -> list[int]:
+        """``path`` (from depth 0) continued down to a leaf through the best-scoring child each time."""
+        path = list(path)
+        children = self.children(path[-1] if path else ROOT)
+        while children:
+            path.append(min(children, key=lambda c: (-scores[c], c)))
+            children = self.children(path[-1])
+        return path
+
     def ancestors_mask(self, nodes: Sequence[int], fed: int) -> torch.Tensor:
         """(len(nodes), fed) bool: which of the first ``fed`` nodes each of ``nodes`` may attend to."""
         allowed = torch.zeros(len(nodes), fed, dtype=torch.bool)
@@ -129,6 +172,48 @@ def rooted_parents(topology: TreeTopology) -> list[int]:
 def rooted(nodes: Sequence[int]) -> list[int]:
     """The fed indices of the root and ``nodes`` in ``[root] + nodes``."""
     return [0] + [node + 1 for node in nodes]
+
+
+def unrooted(rows: Sequence[int]) -> list[int]:
+    """The nodes at fed indices ``rows`` (none of them the root's 0) of ``[root] + nodes``."""
+    return [row - 1 for row in rows]
+
+
+# --------------------------------------------------------------------------- EAGLE-2 dynamic trees
+
+
+def top_children(log_q: torch.Tensor, scores: torch.Tensor, k: int) -> tuple[list[int], list[int], list[float]]:
+    """EAGLE-2's expansion (Li et al. 2024, "EAGLE-2", §4.1): every node's ``k`` likeliest children.
+
+    log_q: (n, V) the draft's log-probabilities after each of n nodes; scores: (n,) the nodes' own
+    scores (a root's is 0). A child's score is its parent's plus log q(child): the log of the
+    draft's probability of the whole path. Returns, for the n·k children in order (node by node,
+    likeliest first): the row of the parent, the token and the score.
+    """
+    top = torch.topk(log_q.to(torch.float64), min(k, log_q.shape[-1]), dim=-1)  # (n, k)
+    cumulative = scores.to(torch.float64)[:, None] + top.values  # (n, k)
+    rows = torch.arange(log_q.shape[0])[:, None].expand_as(cumulative)
+    return rows.flatten().tolist(), top.indices.flatten().tolist(), cumulative.flatten().tolist()
+
+
+def best(scores: Sequence[float], k: int) -> list[int]:
+    """Indices of the ``k`` highest scores, best first; a tie goes to the earlier index."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+
+
+def rerank(parents: Sequence[int], scores: Sequence[float], keep: int) -> tuple[TreeTopology, list[int]]:
+    """EAGLE-2's reranking: the ``keep`` candidates with the best scores, in creation order, as a tree.
+
+    ``parents``/``scores`` describe every candidate in creation order (parents first). A child
+    never scores above its parent (log q <= 0), and ties go to the earlier node, so the kept set
+    holds every kept node's parent. Returns the tree and, per kept node, its candidate index.
+    """
+    kept = sorted(best(scores, keep))
+    index = {old: new for new, old in enumerate(kept)}
+    missing = [old for old in kept if parents[old] != ROOT and parents[old] not in index]
+    if missing:
+        raise ValueError(f"candidate {missing[0]} kept without its parent: scores must not grow along a path")
+    return TreeTopology(tuple(ROOT if parents[old] == ROOT else index[parents[old]] for old in kept)), kept
 
 
 def split_rooted(topology: TreeTopology, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

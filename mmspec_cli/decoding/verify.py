@@ -158,3 +158,72 @@ def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root
         return TreeVerdict(branch=0, accepted=0, next_token=sample(residual, generator))
     rest = verify_sampling(branches[index, 1:], draft_probs[index, 1:], branch_probs[index], generator)
     return TreeVerdict(branch=index, accepted=1 + rest.accepted, next_token=rest.next_token)
+
+
+# --------------------------------------------------------------------------- trees of any shape (EAGLE-2)
+#
+# The target was fed ``[root] + nodes``: row 0 is the root (the last verified token) and
+# ``parents[r]`` is row r's parent row (-1 for the root). Draft tokens were chosen
+# deterministically (the top-k of each expansion), so each candidate's q is a point mass.
+
+
+@dataclass(frozen=True)
+class PathVerdict:
+    """The accepted rows (a path from the root's child down, fed indices) and the target's token after them."""
+
+    rows: list[int]
+    next_token: int
+
+
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for row, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(row)
+    return children
+
+
+def verify_any_tree_greedy(parents: Sequence[int], tokens: Sequence[int], logits: torch.Tensor) -> PathVerdict:
+    """Greedy: from the root, follow the child whose token is the target's argmax, while there is one.
+
+    parents, tokens: per fed row; logits: (rows, V). The path is the longest one whose tokens are
+    the target's own greedy tokens; the target's argmax at its end is the next token.
+    """
+    choice = logits.argmax(dim=-1).tolist()  # (rows,)
+    children = _children(parents)
+    row, path = 0, []
+    while True:
+        matching = [c for c in children[row] if tokens[c] == choice[row]]
+        if not matching:
+            return PathVerdict(path, choice[row])
+        row = matching[0]
+        path.append(row)
+
+
+def verify_any_tree_sampling(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
+                             target_probs: torch.Tensor, generator: torch.Generator) -> PathVerdict:
+    """Sampling with deterministic candidates (EAGLE-2; Li et al. 2024; the multi-draft rule with q a point mass).
+
+    At each accepted row, its children are tried in descending draft ``scores`` (per row): child x
+    is accepted with probability p(x) under the current p; on rejection p(x) is set to 0 and p
+    renormalised, and the next child is tried. If every child is rejected, the next token is drawn
+    from what remains of p. Each step is the single-draft rule with q = a point mass on x (accept
+    with min(1, p(x)/1), residual norm(max(0, p − δ_x))), so the output follows the target's p.
+    target_probs: (rows, V), already shaped by temperature/top-k/top-p.
+    """
+    children = _children(parents)
+    row, path = 0, []
+    while True:
+        p = target_probs[row].detach().to("cpu", torch.float64).clone()
+        accepted = None
+        for child in sorted(children[row], key=lambda c: (-scores[c], c)):
+            x = tokens[child]
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if u * float(p.sum()) < float(p[x]):
+                accepted = child
+                break
+            p[x] = 0.0
+        if accepted is None:
+            return PathVerdict(path, sample(p / p.sum(), generator))
+        row = accepted
+        path.append(row)

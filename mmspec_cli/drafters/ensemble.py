@@ -106,12 +106,23 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         self._block_q = None
         return dataclasses.replace(tree, weights=[float(w) for w in self._weights])
 
-    def keep_path(self, nodes: Sequence[int]) -> None:
-        self.rows.keep_path(nodes)
+    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
+                             picker: TokenPicker) -> TreeDraft:
+        tree = TreeDrafting.propose_dynamic_tree(self, generated, levels, budget, topk, picker)
+        self._block_q = None
+        return dataclasses.replace(tree, weights=[float(w) for w in self._weights])
+
+    def keep_fed(self, fed: Sequence[int]) -> None:
+        self.rows.keep_path(fed)
+
+    def log_proposal(self, proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+        """The mixture is a distribution, greedy or not."""
+        return proposal.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log()
 
     def _branch_q(self, nodes: Sequence[int]) -> torch.Tensor:
-        """(γ, m, V): the member distributions each token of a tree branch was picked from."""
-        return torch.stack([self._root_q] + [self._node_q[node] for node in nodes[:-1]])
+        """(γ, m, V): the member distributions each token of a tree branch was picked from (after the
+        root, then after each fed node of the path)."""
+        return torch.stack([self._root_q] + [self._node_q[self._fed[node]] for node in nodes[:-1]])
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """Record the verified positions: those whose prefix the target accepted (accepted + 1, at most γ)."""

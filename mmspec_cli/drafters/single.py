@@ -88,5 +88,5 @@ class SingleModelDrafter(TreeDrafting, Drafter):
         """ONE forward of the level's nodes in the draft's cache, each seeing the prefix and its own branch."""
         return proposal(fit_vocab(self.runner.tree_logits(tokens, parents), self.target_vocab), picker)  # (n, V)
 
-    def keep_path(self, nodes: Sequence[int]) -> None:
-        self.runner.keep_path(nodes)
+    def keep_fed(self, fed: Sequence[int]) -> None:
+        self.runner.keep_path(fed)

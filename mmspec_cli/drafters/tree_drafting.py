@@ -1,16 +1,28 @@
-"""The one loop that drafts a width-d token tree (TABED §6.1), for every drafter that drafts trees.
+"""The loops that draft token trees, for every drafter that drafts trees: width-d trees (TABED §6.1)
+and EAGLE-2 dynamic trees (Li et al. 2024).
 
-A drafter supplies two steps and the loop does the rest:
+A drafter supplies two steps and the loops do the rest:
 
 - ``tree_root(generated, picker)``: the proposal at the last verified token, (V,);
 - ``tree_level(tokens, parents, picker)``: feed one level of nodes (each seeing the prefix and
   its own ancestors) in ONE forward and return the proposal after each node, (n, V).
 
 A *proposal* is what a token is picked from: logits or probabilities when greedy (argmax),
-the probabilities it is drawn from when sampling. The d first tokens are the d likeliest
-(greedy), or d draws without replacement (sampling); each branch then continues alone. The
-tree's nodes are fed level by level in node order (:meth:`TreeTopology.width`), so a cache's
-node numbers are the topology's; the last level is never fed (no draft step reads it).
+the probabilities it is drawn from when sampling.
+
+**Width trees.** The d first tokens are the d likeliest (greedy), or d draws without
+replacement (sampling); each branch then continues alone. The nodes are fed level by level in
+node order (:meth:`TreeTopology.width`); the last level is never fed (no draft step reads it).
+
+**Dynamic trees.** The root's top-k children are the first level. Each round, the k candidates
+with the best scores (cumulative log-probability of their path) are fed in ONE forward and
+each proposes its top-k children; every scored child stays a candidate. After the last level,
+the ``budget − 1`` best candidates are kept (:func:`~mmspec_cli.decoding.tree.rerank`). Tokens
+are chosen deterministically, greedy or sampling alike; the verifier's rule for deterministic
+candidates keeps the target's distribution.
+
+Only some nodes are fed to the draft's cache; ``_fed`` maps a tree node to its number in the
+cache, so that ``keep_path`` keeps the accepted nodes the cache holds (``keep_fed``).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import torch
 
 from mmspec_cli.decoding.drafter import TreeDraft
 from mmspec_cli.decoding.sampling import TokenPicker, draw_without_replacement
-from mmspec_cli.decoding.tree import TreeTopology
+from mmspec_cli.decoding.tree import ROOT, TreeTopology, best, rerank, top_children
 
 
 def first_tokens(proposal: torch.Tensor, width: int, picker: TokenPicker) -> list[int]:
@@ -38,7 +50,9 @@ def pick(proposal: torch.Tensor, picker: TokenPicker) -> int:
 
 
 class TreeDrafting:
-    """Mixin: ``propose_tree`` from the drafter's ``tree_root`` and ``tree_level`` steps."""
+    """Mixin: ``propose_tree`` and ``propose_dynamic_tree`` from the drafter's ``tree_root`` and ``tree_level``."""
+
+    _fed: dict[int, int] = {}
 
     def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         raise NotImplementedError
@@ -48,6 +62,18 @@ class TreeDrafting:
 
     def tree_done(self) -> None:
         """The tree is drafted (``ssd`` gives the target's cache back here)."""
+
+    def log_proposal(self, proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+        """log q of a proposal: logits when greedy (single drafters), probabilities when sampling."""
+        if picker.greedy:
+            return torch.log_softmax(proposal.to(torch.float64), dim=-1)
+        return proposal.to(torch.float64).log()
+
+    def keep_fed(self, fed: Sequence[int]) -> None:
+        """Keep these fed nodes (cache numbers, one path from the top) in the draft's cache."""
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        self.keep_fed([self._fed[node] for node in nodes if node in self._fed])
 
     def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
         root = self.tree_root(generated, picker)  # (V,)
@@ -61,4 +87,32 @@ class TreeDrafting:
                 tokens.append(pick(proposal, picker))
                 drawn_from.append(proposal)
         self.tree_done()
+        self._fed = {node: node for node in range(len(topology) - len(firsts))}  # all levels but the last
         return TreeDraft(topology, tokens, probs=None if picker.greedy else torch.stack(drawn_from))  # probs (n, V)
+
+    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
+                             picker: TokenPicker) -> TreeDraft:
+        log_q = self.log_proposal(self.tree_root(generated, picker), picker)[None]  # (1, V)
+        parents: list[int] = []  # every candidate, in creation order
+        tokens: list[int] = []
+        scores: list[float] = []
+        frontier, frontier_scores = [ROOT], torch.zeros(1, dtype=torch.float64)
+        fed: dict[int, int] = {}
+        for level in range(levels):
+            rows, children, child_scores = top_children(log_q, frontier_scores, topk)
+            first = len(tokens)
+            parents += [frontier[row] for row in rows]
+            tokens += children
+            scores += child_scores
+            if level == levels - 1:
+                break
+            frontier = [first + i for i in best(child_scores, topk)]
+            fed_parents = [fed.get(parents[node], ROOT) for node in frontier]
+            proposals = self.tree_level([tokens[node] for node in frontier], fed_parents, picker)  # (k, V)
+            fed.update({node: len(fed) for node in frontier})
+            log_q = self.log_proposal(proposals, picker)
+            frontier_scores = torch.tensor([scores[node] for node in frontier], dtype=torch.float64)
+        self.tree_done()
+        topology, kept = rerank(parents, scores, budget - 1)
+        self._fed = {new: fed[old] for new, old in enumerate(kept) if old in fed}
+        return TreeDraft(topology, [tokens[old] for old in kept], scores=[scores[old] for old in kept])

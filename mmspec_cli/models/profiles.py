@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from mmspec_cli.choices import DTYPES, MAX_GAMMA, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES, QUANTIZATIONS, SCHEDULES
+from mmspec_cli.choices import (DTYPES, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
+                                QUANTIZATIONS, SCHEDULES, TREE_KINDS)
 from mmspec_cli.errors import ProfileError
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
@@ -228,6 +229,10 @@ class DecodingSpec:
     seed: int | None = _key(_optional(_integer(0)), None)
     gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
     tree_width: int = _key(_integer(1, MAX_TREE_WIDTH), 1)  # token trees: branches per block (1 = a plain chain)
+    tree: str | None = _key(_choice(None, *TREE_KINDS), None)  # null: width when tree_width > 1, else chain
+    tree_budget: int = _key(_integer(2, MAX_TREE_BUDGET), 30)  # dynamic trees (EAGLE-2; ViSpec's 30, 3, 8)
+    tree_depth: int = _key(_integer(1, MAX_GAMMA - 1), 3)
+    tree_topk: int = _key(_integer(1, 64), 8)
 
 
 def _members(value: Any, path: str) -> tuple[str, ...]:
@@ -420,6 +425,13 @@ OVERRIDES: dict[str, Override] = {
                                                   "(see `mmspec select-layer`)."),
     "tree_width": Override("decoding.tree_width", int, "D", (
         f"Token trees: D branches per block (1-{MAX_TREE_WIDTH}), verified in one target forward; 1 = no tree.")),
+    "tree": Override("decoding.tree", str, "|".join(TREE_KINDS), (
+        "Token tree per block: chain; width (--tree-width branches); dynamic (EAGLE-2: --tree-topk children "
+        "per node, --tree-depth expansions, --tree-budget nodes verified)."), ),
+    "tree_budget": Override("decoding.tree_budget", int, "N", (
+        f"Dynamic trees: nodes one target forward verifies, the root included (2-{MAX_TREE_BUDGET}; 30).")),
+    "tree_depth": Override("decoding.tree_depth", int, "N", "Dynamic trees: expansion rounds; depth+1 levels (3)."),
+    "tree_topk": Override("decoding.tree_topk", int, "K", "Dynamic trees: children per expanded node (8)."),
     "max_new_tokens": Override("decoding.max_new_tokens", int, "N", "Tokens to generate per turn, at most."),
     "temperature": Override("decoding.temperature", float, "X", "0 for greedy decoding."),
     "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),
