@@ -207,7 +207,7 @@ def test_an_injected_mismatch_is_counted_and_fails_the_run(run, tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", records)
     result = runner.invoke(app, ["bench", "--summarize", path])
     assert result.exit_code == 1
-    assert f"1 mismatches (first: {victim['id']} turn 1 t)" in result.stdout
+    assert f"1 mismatch (first: {victim['id']} turn 1 t)" in result.stdout
 
 
 def test_the_check_says_why_it_did_not_run(run):
@@ -379,7 +379,7 @@ def test_a_given_history_continues_the_conversation_as_if_generated(files, tmp_p
     assert all(r["token_ids"] == second["token_ids"] and r["prompt_tokens"] == second["prompt_tokens"] for r in records)
     # resuming records whose turn 0 was the conversation's first turn would mix two different turns
     assert_one_line_error(bench(files, manifest, "--drafters", "ar", "--prompt-style", style, "--out", str(whole),
-                                "--resume"), "made after 0 given history turn(s), but this run gives 1")
+                                "--resume"), "made after 0 given history turns, but this run gives 1")
 
 
 def test_engine_history_is_checked_and_rendered_before_the_questions(tiny_models):

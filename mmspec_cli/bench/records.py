@@ -14,23 +14,40 @@ sample that failed is ``{"id", "category", "drafter", "error"}``. The extra keys
 summary recomputable from the file alone: acceptance over several turns needs the counts,
 Eq. (1) needs γ and the prompt length, the token check needs the temperature.
 
-Each record is written with one ``write`` and flushed, so a kill can only leave a partial
+Each record is written with one ``write`` and fsync'd, so a kill can only leave a partial
 LAST line. ``--resume`` drops that line and the error records (failed samples are retried),
-rewriting the file atomically (temp file + ``os.replace``) before appending.
+rewriting the file atomically (temp file + ``os.replace``) before appending. A write that fails
+(disk full) is cut off again where it began, and the run stops with :class:`ResultsWriteError`.
+
+Only one process may write a results file at a time: two would both run the turns neither had
+recorded yet and write them twice. The writer holds an exclusive ``flock`` on a lock file next to
+it, ``FILE.lock``, for the whole run; the file holds the writer's PID, so a second writer is
+refused naming the first. A sidecar is used rather than the results file itself because resuming
+replaces the results file (``os.replace``), which would leave a lock on the old inode. The lock
+file is removed when the run ends; one left by a killed run is no lock (the kernel released it)
+and the next run takes it over. ``flock`` is advisory and local: it does not guard a file on a
+network file system written from two machines. Without ``fcntl`` (Windows) there is no lock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from mmspec_cli.errors import InputError
-from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.bench.report import counted
 from mmspec_cli.bench.samples import Sample
+from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.errors import InputError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the results file is then unguarded
+    fcntl = None
 
 if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module before it needs torch
     from mmspec_cli.decoding.events import TurnResult
@@ -113,54 +130,179 @@ def read_records(paths: Iterable[str | Path]) -> list[Record]:
 # --------------------------------------------------------------------------- writing
 
 
-class ResultsFile:
-    """Appends records to ``path`` (or keeps them in memory when ``path`` is None)."""
+class ResultsWriteError(InputError):
+    """The results file stopped taking records (disk full, I/O error). The run stops: every later record
+    would fail the same way, so the runner lets this through instead of recording it as the sample's failure."""
 
-    def __init__(self, path: Path | None, records: list[Record], handle: TextIO | None):
+
+class ResultsFile:
+    """Appends records to ``path`` (or keeps them in memory when ``path`` is None), holding its lock."""
+
+    def __init__(self, path: Path | None, records: list[Record], fd: int | None, lock: "OutLock | None" = None):
         self.path = path
         self.records = records  # everything in the file: resumed records, then this run's
-        self._handle = handle
+        self._fd = fd  # unbuffered, O_APPEND: nothing is left in a buffer to fail again at close
+        self._lock = lock
 
     @classmethod
     def open(cls, path: str | Path | None, resume: bool, settings: dict[str, Any]) -> "ResultsFile":
-        """Check ``path`` can be written (before any model loads) and, with ``resume``, take its records."""
+        """Lock ``path``, check it can be written (before any model loads) and, with ``resume``, take its records."""
         if path is None:
             return cls(None, [], None)
         path = Path(os.path.expanduser(str(path)))
         if path.is_dir():
             raise InputError(f"--out {path} is a directory; pass a file path such as {path}/results.jsonl")
-        records: list[Record] = []
-        if path.exists() and path.stat().st_size > 0:
-            if not resume:
-                raise InputError(f"--out {path} already exists; pass --resume to continue it, or choose another file")
-            records = _prepare_resume(path, settings)
+        lock = OutLock.acquire(path)
         try:
-            handle = open(path, "a", encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"--out {path} can't be written ({exc.strerror or type(exc).__name__}); "
-                             f"choose a writable file path") from None
-        return cls(path, records, handle)
+            records: list[Record] = []
+            if path.is_file() and path.stat().st_size > 0:
+                if not resume:
+                    raise InputError(f"--out {path} already exists; pass --resume to continue it, "
+                                     f"or choose another file")
+                records = _prepare_resume(path, settings)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise _unwritable(path, exc) from None
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        return cls(path, records, fd, lock)
 
     def done(self) -> set[tuple[str, int, str]]:
         return {key(r) for r in self.records if "error" not in r}
 
+    def saved(self) -> int:
+        """How many records the file holds now, counted in the file: a Ctrl-C can land after a line is written
+        and before ``records`` knows it (during the fsync, which takes a while)."""
+        if self.path is None or not self.path.is_file():
+            return len(self.records)
+        return sum(1 for line in self.path.read_bytes().split(b"\n")[:-1] if line.strip())
+
     def write(self, record: Record) -> None:
+        """Append ``record`` as one line and fsync it; on failure cut the file back to where the line began."""
+        if self._fd is not None:
+            data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+            start = os.fstat(self._fd).st_size
+            try:
+                self._append(data)
+                _sync(self._fd)
+            except OSError as exc:
+                self._cut(start)
+                raise self._write_error(exc) from None
         self.records.append(record)
-        if self._handle is not None:
-            self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+
+    def _append(self, data: bytes) -> None:
+        """Write all of ``data`` (``os.write`` may write less than asked, e.g. as the disk fills)."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def _cut(self, size: int) -> None:
+        """Drop a partly written line; where that fails (a device), the readers drop a partial last line."""
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+
+    def _write_error(self, exc: OSError) -> ResultsWriteError:
+        saved = f"the run stopped with {counted(len(self.records), 'record')} saved"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            what = "the disk is full" if exc.errno == errno.ENOSPC else "the disk quota is used up"
+            return ResultsWriteError(f"--out {self.path}: {what}, so {saved}; free some space and run the same "
+                                     f"command with --resume to continue")
+        return ResultsWriteError(f"--out {self.path} could not be written ({exc.strerror or type(exc).__name__}), "
+                                 f"so {saved}; once it can be written, run the same command with --resume to continue")
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> "ResultsFile":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _sync(fd: int) -> None:
+    """fsync, except on a special file that can't be synced (``/dev/null``: EINVAL), where there is nothing to keep."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+
+
+def _unwritable(path: Path, exc: OSError) -> InputError:
+    return InputError(f"--out {path} can't be written ({exc.strerror or type(exc).__name__}); "
+                      f"choose a writable file path")
+
+
+class OutLock:
+    """An exclusive ``flock`` on ``FILE.lock`` next to a results file, holding the owner's PID (module docstring)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, out: Path) -> "OutLock | None":
+        """The lock of ``out``, or an :class:`InputError` naming the process that holds it.
+
+        None where there is nothing to lock: no ``fcntl``, or ``out`` is not a regular file (``/dev/null``)."""
+        if fcntl is None or (out.exists() and not out.is_file()):
+            return None
+        path = out.with_name(out.name + ".lock")
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise _unwritable(out, exc) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    break  # a file system without locks (ENOLCK): go on unguarded, as without fcntl
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = f"another process (PID {holder})" if holder else "another process"
+                raise InputError(f"--out {out} is being written by {who}; let it finish or stop it, then continue "
+                                 f"the file with --resume, or choose another --out") from None
+            # the lock's owner removes the file as it releases it: then we hold a lock on a removed file, try again
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only a refused writer can't name us
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Remove the lock file, then let go (in this order, see :meth:`acquire`)."""
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(self._fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _prepare_resume(path: Path, settings: dict[str, Any]) -> list[Record]:

@@ -18,6 +18,11 @@ CSV_COLUMNS = ("category", "drafter", "samples", "block_efficiency", "block_effi
                "tokens_per_s", "speedup", "expected_speedup", "failed")
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 record``, ``2 records``: a count with its noun in the right number (``plural`` if not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -54,14 +59,15 @@ def check_line(summary: Summary) -> str:
         return f"token check against ar: not run ({check.reason})"
     shown = ", ".join(f"{i} turn {t} {d}" for i, t, d in check.mismatches[:5])
     more = f" (first: {shown})" if check.mismatches else ""
-    return f"token check against ar at temperature 0: {check.compared} turns compared, {len(check.mismatches)} mismatches{more}"
+    return (f"token check against ar at temperature 0: {counted(check.compared, 'turn')} compared, "
+            f"{counted(len(check.mismatches), 'mismatch', 'mismatches')}{more}")
 
 
 def failure_line(summary: Summary) -> str | None:
     if not summary.failed:
         return None
     first_id, drafter, message = summary.errors[0]
-    return f"{summary.failed} (sample, drafter) pairs failed; first: {first_id} {drafter}: {message}"
+    return f"{counted(summary.failed, '(sample, drafter) pair')} failed; first: {first_id} {drafter}: {message}"
 
 
 def as_json(summary: Summary) -> str:

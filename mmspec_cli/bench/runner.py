@@ -27,7 +27,8 @@ from mmspec_cli.api import ModelSet
 from mmspec_cli.bench.peers import bench_decoder
 from mmspec_cli.bench.progress import BenchProgress
 from mmspec_cli.bench.prompts import continue_prompt, paper_prompt
-from mmspec_cli.bench.records import Record, ResultsFile, engine_record, error_record
+from mmspec_cli.bench.records import Record, ResultsFile, ResultsWriteError, engine_record, error_record
+from mmspec_cli.bench.report import counted
 from mmspec_cli.decoding.events import TurnFinished, TurnStarted
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.prompts import image_placeholder, process
@@ -79,7 +80,7 @@ def check_resumed_history(samples: Sequence[Sample], records: Sequence[Record]) 
     for record in records:
         if record["id"] in given and "error" not in record and record.get("history_turns", 0) != given[record["id"]]:
             raise InputError(f"--out holds results of sample '{record['id']}' made after "
-                             f"{record.get('history_turns', 0)} given history turn(s), but this run gives "
+                             f"{counted(record.get('history_turns', 0), 'given history turn')}, but this run gives "
                              f"{given[record['id']]}; the manifest or suite changed, so choose another --out")
 
 
@@ -128,6 +129,8 @@ class BenchRunner:
                     self.results.write(record)
                     self.progress.turn_done(record)
                     written += 1
+        except ResultsWriteError:
+            raise  # the results file is full or broken: nothing more can be recorded, so the run stops
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             self._fail(sample, {drafter: turns[written:]}, exc)
 

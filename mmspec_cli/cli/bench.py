@@ -1,8 +1,9 @@
 """``mmspec bench``: run drafters over a manifest, suite or dataset; record every turn; summarise.
 
 Everything that can be refused (flags, drafter names, the profile, the source, the --out
-file) is refused with one line and exit 2 before any model loads. Exit 1 when a sample
-failed or a drafter's greedy output differed from ``ar``'s; 0 otherwise.
+file, another run writing it) is refused with one line and exit 2 before any model loads.
+Exit 1 when a sample failed or a drafter's greedy output differed from ``ar``'s; 0 otherwise;
+130 after a Ctrl-C, which says how many records are saved and the command that continues them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from typing import Annotated
 
@@ -17,7 +19,7 @@ import typer
 
 from mmspec_cli.cli.options import ProfileName, decoding_flags
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile, profile_to_dict
+from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
 PROMPT_STYLES = ("default", "paper")
 EXIT_FAILED = 1
@@ -25,6 +27,7 @@ EXIT_FAILED = 1
 
 @decoding_flags()
 def bench(
+    ctx: typer.Context,
     source: Annotated[str | None, typer.Argument(metavar="SOURCE", show_default=False, help=(
         "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
     drafters: Annotated[str, typer.Option(metavar="LIST", help=(
@@ -60,8 +63,7 @@ def bench(
     if summarize:
         if source is not None:
             raise InputError("pass either SOURCE (to run) or --summarize FILE (to summarise results), not both")
-        chosen = load_profile(profile) if profile is not None else None
-        raise typer.Exit(_summarize_files(summarize, chosen, fmt))
+        raise typer.Exit(_summarize_files(summarize, load_profile(profile), profile or DEFAULT_PROFILE, fmt))
     if source is None:
         raise InputError("no SOURCE given; pass a JSONL manifest, a suite name or a dataset id, "
                          "or --summarize FILE to summarise results")
@@ -84,7 +86,8 @@ def bench(
         raise InputError(f"--out {out}: shards run as separate processes must not share a file; put {{rank}} in "
                          f"the name, e.g. --out results.{{rank}}.jsonl, and merge them with --summarize")
     out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
-    raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup))
+    raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup,
+                          profile or DEFAULT_PROFILE, resume_command(ctx)))
 
 
 # --------------------------------------------------------------------------- checks before loading
@@ -143,7 +146,8 @@ def pin_local_device(profile: Profile, env) -> Profile:
 
 
 def _run(source: str, names: list[str], profile: Profile, limit: int | None, turns: int | None, out: str | None,
-         resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool) -> int:
+         resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool, label: str,
+         again: str) -> int:
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
@@ -167,23 +171,60 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,
                            top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble)
-    with ResultsFile.open(out, resume, settings.record_fields()) as results:
-        samples = select(resolve(source, limit), shard=shard)
-        check_resumed_history(samples, results.records)
-        pending = todo(samples, settings, results.done())
-        if not samples:
-            typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
-        if pending:
-            from mmspec_cli.bench.runner import BenchRunner
+    results = ResultsFile.open(out, resume, settings.record_fields())  # locked until the run ends
+    try:
+        with results:
+            samples = select(resolve(source, limit), shard=shard)
+            check_resumed_history(samples, results.records)
+            pending = todo(samples, settings, results.done())
+            if not samples:
+                typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
+            if pending:
+                from mmspec_cli.bench.runner import BenchRunner
 
-            models = _load(profile, names)
-            total = sum(len(t) for t in pending.values())
-            with BenchProgress(total, names, results.records, enabled=sys.stderr.isatty()) as progress:
-                BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)
-        records = list(results.records)
+                models = _load(profile, names)
+                total = sum(len(t) for t in pending.values())
+                with BenchProgress(total, names, results.records, enabled=sys.stderr.isatty()) as progress:
+                    BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)
+            records = list(results.records)
+    except KeyboardInterrupt:
+        typer.echo(interrupted_line(results, again), err=True)
+        raise  # cli/errors.py: exit 130
     if out is None:
         typer.echo("note: no --out given; the records were not saved", err=True)
-    return _report(records, profile, fmt)
+    return _report(records, profile, fmt, label)
+
+
+def interrupted_line(results, again: str) -> str:
+    """What a Ctrl-C leaves: the records saved in --out, and ``again``, the command that continues them."""
+    from mmspec_cli.bench.report import counted
+
+    if results.path is None:
+        return "interrupted: no --out was given, so no records were saved; pass --out FILE to keep them"
+    n = results.saved()
+    return (f"interrupted: {counted(n, 'record')} {'is' if n == 1 else 'are'} saved in {results.path}; "
+            f"to continue, run: {again}")
+
+
+def resume_command(ctx: typer.Context) -> str:
+    """This command line with ``--resume`` added, rebuilt from the parameters the user gave (flags in their long
+    form, in ``--help`` order), so it is the same whether the command came from a shell or from a test runner."""
+    words = ["mmspec", ctx.info_name or "bench"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name != "COMMANDLINE":  # typed by the user, not a default
+            continue
+        value = ctx.params[param.name]
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if param.param_type_name == "argument":
+            words += [str(v) for v in values]
+        elif getattr(param, "is_flag", False):
+            words.append(param.opts[0] if value or not param.secondary_opts else param.secondary_opts[0])
+        else:
+            words += [w for v in values for w in (max(param.opts, key=len), str(v))]
+    if not ctx.params.get("resume"):
+        words.append("--resume")
+    return shlex.join(words)
 
 
 def _load(profile: Profile, names: list[str]):
@@ -201,47 +242,67 @@ def _load(profile: Profile, names: list[str]):
 # --------------------------------------------------------------------------- summary
 
 
-def _summarize_files(paths: list[str], profile: Profile | None, fmt: str) -> int:
+def _summarize_files(paths: list[str], profile: Profile, label: str, fmt: str) -> int:
     from mmspec_cli.bench.records import read_records
 
-    return _report(read_records(paths), profile, fmt)
+    return _report(read_records(paths), profile, fmt, label)
 
 
-def latency_ratios(profile: Profile | None, records: list[dict]) -> dict[str, float]:
-    """c per drafter from the latency cache of this device and the profile's model pair (empty if none)."""
-    if profile is None or profile.draft is None:
-        return {}
+def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[dict[str, float], str | None]:
+    """c per drafter from the latency cache of this device and the profile's model pair, and why Eq. (1) is
+    missing where it is (one line, or None).
+
+    A drafter gets c only when every one of its records was made with the profile's target and draft (records
+    name them): another pair's ratio would make Eq. (1) wrong, and without ``--profile`` the profile is the
+    default one, which need not be the pair the records were made with. Each drafter's c is looked up at its
+    records' γ and batch rows (its ensemble members)."""
+    turns = [r for r in records if "error" not in r and r["drafter"] != "ar"]
+    if not turns:
+        return {}, None  # nothing Eq. (1) applies to
+    pair = (profile.target.model, profile.draft.model if profile.draft else None)
+    by_drafter: dict[str, list[dict]] = {}
+    for record in turns:
+        by_drafter.setdefault(record["drafter"], []).append(record)
+    ours = {name: rs for name, rs in by_drafter.items() if all((r.get("target"), r.get("draft")) == pair for r in rs)}
+    if not ours:
+        other = next(r for r in turns if (r.get("target"), r.get("draft")) != pair)
+        return {}, (f"Eq. (1) not shown: the records were made with target {_short(other.get('target'))} and draft "
+                    f"{_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
+    if profile.draft is None:
+        return {}, f"Eq. (1) not shown: profile {label} has no draft model to measure a latency ratio with"
     from mmspec_cli.bench import latency
-    from mmspec_cli.bench.peers import PEERS
     from mmspec_cli.bench.summary import mean_prompt_tokens
-    from mmspec_cli.drafters.registry import parse_drafter
     from mmspec_cli.models.loading import resolve_device
 
-    measured = latency.load(latency.device_name(resolve_device(profile.target.device)), profile.target.model,
-                            profile.draft.model, profile.target.revision, profile.draft.revision)
+    device = latency.device_name(resolve_device(profile.target.device))
+    measured = latency.load(device, profile.target.model, profile.draft.model, profile.target.revision,
+                            profile.draft.revision)
     if measured is None:
-        return {}
-    seq, gamma = mean_prompt_tokens(records), profile.decoding.gamma
-    ratios = {}
-    for name in dict.fromkeys(r["drafter"] for r in records):
-        if name == "ar":
-            continue
-        try:
-            members = () if name in PEERS else parse_drafter(name, profile.ensemble.members).members
-        except InputError:
-            continue
-        ratios[name] = measured.ratio(batch=len(members) or 1, seq=seq, gamma=gamma)
-    return ratios
+        return {}, (f"Eq. (1) not shown: no latency ratio is cached for this device ({device}) and profile "
+                    f"{label}'s models; run `mmspec profile-latency --profile {label}`")
+    ratios = {name: measured.ratio(batch=len(rs[0].get("members") or ()) or 1, seq=mean_prompt_tokens(rs),
+                                   gamma=rs[0].get("gamma") or profile.decoding.gamma) for name, rs in ours.items()}
+    others = [name for name in by_drafter if name not in ours]
+    note = (f"Eq. (1) not shown for {', '.join(others)}: some of their records were made with other models than "
+            f"profile {label}'s; summarise those with their own --profile") if others else None
+    return ratios, note
 
 
-def _report(records: list[dict], profile: Profile | None, fmt: str) -> int:
+def _short(text: object, limit: int = 60) -> str:
+    """A model name or path as quoted in a note: long ones cut in the middle, where they differ least."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit // 2 - 1] + "..." + text[-(limit // 2 - 2):]
+
+
+def _report(records: list[dict], profile: Profile, fmt: str, label: str) -> int:
     from rich.console import Console
 
     from mmspec_cli.bench import report
     from mmspec_cli.bench.summary import summarize
 
-    summary = summarize(records, latency_ratios(profile, records))
-    lines = [report.check_line(summary), report.failure_line(summary)]
+    ratios, eq1_note = latency_ratios(profile, records, label)
+    summary = summarize(records, ratios)
+    lines = [report.check_line(summary), report.failure_line(summary), eq1_note]
     if fmt == "json":
         typer.echo(report.as_json(summary))
     elif fmt == "csv":
