@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.models.prompts import shorten
 from mmspec_cli.decoding.sampling import SamplingParams
 
 
@@ -35,19 +37,19 @@ class ModelSet:
     def load(cls, profile: Profile, drafters: Sequence[str]) -> "ModelSet":
         """Load what ``drafters`` need: the draft only if one drafts, the captioner only for ``c``.
 
-        Everything that can be refused (drafter names, missing captioner, tokenizer mismatch)
-        is refused here, before any decoding starts.
+        Everything that can be refused (drafter names, missing captioner, an ``ssd.layer`` the
+        target doesn't have, tokenizer mismatch) is refused here, before any decoding starts.
         """
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
-        self_speculative = any(p.self_speculative for p in plans)
-        if self_speculative:
+        if any(p.self_speculative for p in plans):
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
-        if self_speculative:
+        if profile.ssd.layer is not None:  # a layer the target lacks is a mistake even when no ssd drafter runs
             check_layer(profile.ssd.layer, layer_count(models.target.model))
         if any(p.needs_draft for p in plans) and profile.draft is not None:
+            warn_if_self_draft(profile)
             models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
             check_compatible(models.target, models.draft)
         if any(p.needs_captioner for p in plans):
@@ -78,6 +80,18 @@ class ModelSet:
             tree_depth=decoding.tree_depth,
             tree_topk=decoding.tree_topk,
         )
+
+
+def warn_if_self_draft(profile: Profile) -> None:
+    """One ``warning:`` line on stderr when the draft is the target itself (same model and revision).
+
+    Not an error (the output stays the target's), but every draft step then costs as much as a
+    verification step, so drafting can't be faster than ``ar``.
+    """
+    target, draft = profile.target, profile.draft
+    if draft is not None and (draft.model, draft.revision) == (target.model, target.revision):
+        print(f"warning: the draft is the target itself ({shorten(draft.model)}), so drafting can't be faster "
+              f"than ar; name a smaller model under draft: in the profile", file=sys.stderr)
 
 
 def decoder_from_profile(profile: Profile) -> SpeculativeDecoder:

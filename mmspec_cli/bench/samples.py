@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.images import load_image
+from mmspec_cli.models.images import load_image, to_rgb
 from mmspec_cli.models.prompts import check_history
 from mmspec_cli.bench.prompts import prompt_key_for
 
@@ -53,7 +53,7 @@ def load_sample_images(sample: Sample) -> list:
         if isinstance(image, (str, Path)):
             out.append(load_image(image))
         else:
-            out.append(image.convert("RGB"))
+            out.append(to_rgb(image))  # as files are read: high bit depths scaled, transparency over white
     return out
 
 

@@ -101,7 +101,8 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
     from mmspec_cli.api import ModelSet
     from mmspec_cli.drafters.ssd import layer_count
 
-    models = ModelSet.load(profile, ["ar"])
+    unset = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=None))
+    models = ModelSet.load(unset, ["ar"])  # this chooses ssd.layer: the profile's own (maybe stale) is not checked
     total = layer_count(models.target.model)
     layers = layer_select.candidate_layers(total, max_layer)
     lam = layer_select.default_lambda(total) if lam is None else lam

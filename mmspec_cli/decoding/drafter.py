@@ -111,6 +111,13 @@ class Drafter(ABC):
         """The draft-side models this drafter runs forwards of (checked for token-tree support)."""
         return []
 
+    def prompt_lengths(self) -> list[tuple[Any, int]]:
+        """After ``begin_turn``: (draft model, tokens) of its own view of the prompt, for the engine's context check.
+
+        Empty when the drafter reads no prompt of its own (``ar``; ``ssd`` reads the target's).
+        """
+        return []
+
     def bind_target(self, runner: Any) -> None:
         """Receive the engine's target :class:`~mmspec_cli.decoding.kv.CachedModel`; ``ssd`` drafts over its cache."""
 

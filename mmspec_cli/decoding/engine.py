@@ -24,6 +24,7 @@ from mmspec_cli.decoding.schedules import GammaSchedule, check_schedule
 from mmspec_cli.decoding.step import BlockStep, TurnOutput
 from mmspec_cli.decoding.timing import TurnClock
 from mmspec_cli.decoding.tree import TreeSettings, check_tree_support
+from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import process
 
@@ -38,11 +39,34 @@ def eos_ids(target: LoadedModel) -> set[int]:
     return {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
 
 
-def max_sequence_length(config: Any, default: int = 4096) -> int:
-    """The model's maximum sequence length (N of FastVLM Eq. 5), from its text config."""
+def context_length(config: Any) -> int | None:
+    """The model's context (``max_position_embeddings`` of its text config); None when it declares none."""
     text = getattr(config, "text_config", None) or config
     value = getattr(text, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else default
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def max_sequence_length(config: Any, default: int = 4096) -> int:
+    """The model's maximum sequence length (N of FastVLM Eq. 5), from its text config."""
+    return context_length(config) or default
+
+
+def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: str = "target",
+                  what: str = "the prompt") -> None:
+    """Refuse a turn that can't fit the ``role`` model's context: one line with the numbers and what to lower.
+
+    The model reads the prompt and every generated token but the last (which is emitted, never
+    fed), so ``prompt_tokens + max_new_tokens - 1`` positions must fit; a model that declares no
+    context is not checked.
+    """
+    context = context_length(config)
+    needed = prompt_tokens + max_new_tokens - 1
+    if context is None or needed <= context:
+        return
+    room = context + 1 - prompt_tokens
+    fix = f"lower --max-new-tokens to {room} or shorten the question" if room >= 1 else "shorten the question"
+    raise InputError(f"{what} is {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: {needed} tokens, "
+                     f"more than the {role}'s context of {context}; {fix}")
 
 
 class SpeculativeDecoder:
@@ -120,7 +144,11 @@ class SpeculativeDecoder:
               max_new_tokens: int) -> Generator[BlockVerified, None, TurnResult]:
         clock = TurnClock(self.drafter)
         prompt = process(self.target.processor, text, images)
+        check_context(self.target.model.config, len(prompt.ids), max_new_tokens)  # before any forward
         self._begin_turn(text, images, prompt)
+        for model, tokens in self.drafter.prompt_lengths():  # each draft's own view of the prompt (text-only, ...)
+            check_context(model.config, tokens, max_new_tokens, "draft", f"the prompt as drafter {self.drafter.name} "
+                          f"shows it to the draft")
         output = TurnOutput(turn, self.eos)
         schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
         while not output.finished and len(output.tokens) < max_new_tokens:

@@ -50,6 +50,7 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         self.rows = BatchedRows(draft.model, draft.image_token_id)
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
         self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
+        self._longest = 0  # tokens of this turn's longest member row
         self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last chain block
         self._weights = torch.ones(len(members), dtype=torch.float64) / len(members)  # the tree block's weights
         self._root_q: torch.Tensor | None = None  # (m, V) member distributions at a tree's root
@@ -59,8 +60,14 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         return [self.rows.model]
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        self.prefix = self.rows.begin([view(prompt_text, images) for view in self.views])
+        rows = [view(prompt_text, images) for view in self.views]
+        self._longest = max(len(row.ids) for row in rows)
+        self.prefix = self.rows.begin(rows)
         self.policy.reset()
+
+    def prompt_lengths(self) -> list[tuple[Any, int]]:
+        """The longest member row: each row counts its own positions, so that is the one that must fit."""
+        return [(self.rows.model, self._longest)]
 
     def slow_start(self, images: Sequence[Any]) -> bool:
         return self.captioner is not None and bool(images)

@@ -59,8 +59,15 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
     return tuple(letters)
 
 
+#: Bench-only peer rows (``bench/peers.py``): names ``--drafters`` of ``bench`` takes, which no engine drafter has.
+BENCH_PEERS = ("hf-assisted",)
+
+
 def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> DrafterPlan:
-    """Parse a drafter name; one-line InputError for unknown or repeated letters."""
+    """Parse a drafter name; one-line InputError for unknown or repeated letters, and for bench-only peers."""
+    if name in BENCH_PEERS:
+        raise InputError(f"'{name}' is a bench-only peer row, not a drafter of generate or compare; "
+                         f"run it beside the drafters with `mmspec bench SOURCE --drafters ar,{name}`")
     if name == "ar":
         return DrafterPlan(name, (), adaptive=False)
     if name == "ssd":

@@ -65,6 +65,9 @@ class SingleModelDrafter(TreeDrafting, Drafter):
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = self.view(prompt_text, images)
 
+    def prompt_lengths(self) -> list[tuple[Any, int]]:
+        return [(self.runner.model, len(self.prompt.ids))]
+
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         ids = self.prompt.ids + list(generated)
         tokens: list[int] = []

@@ -1,28 +1,103 @@
-"""Reading the user's image files, with one-line errors for every way that can fail."""
+"""Reading the user's image files, with one-line errors for every way that can fail.
+
+Every image becomes 8-bit RGB the way an image viewer shows it: high-bit-depth grey is
+scaled down (``convert("RGB")`` would clip 16-bit values at 255, all white), and transparent
+images are composited onto white (``convert("RGB")`` would drop the alpha, leaving black
+wherever the transparent pixels' colour is black).
+"""
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.prompts import shorten
+
+#: Modes that carry an alpha channel (``P`` and others can also carry a transparent colour in ``info``).
+ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """Open an image file fully (so corrupt files fail here, not mid-decoding) as RGB."""
+    """Open an image file fully (so corrupt files fail here, not mid-decoding) as 8-bit RGB (:func:`to_rgb`)."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        raise InputError(f"image '{path}' is a directory; pass image files (e.g. {p}/*.png)")
-    if not p.exists():
-        raise InputError(f"image '{path}' does not exist; check the path")
+    shown = shorten(str(path))
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise InputError(f"image '{shown}' can't be looked up ({exc.strerror or type(exc).__name__}); "
+                         f"check the path") from None
+    if is_dir:
+        raise InputError(f"image '{shown}' is a directory; pass image files (e.g. {shorten(str(p))}/*.png)")
+    if not exists:
+        raise InputError(_missing(str(path), p))
     try:
         with Image.open(p) as img:
             img.load()
-            return img.convert("RGB")
+            return to_rgb(img)
+    except Image.DecompressionBombError:
+        # PIL refuses (rather than warns about) images over twice its MAX_IMAGE_PIXELS; the limit stays as it is
+        limit = 2 * Image.MAX_IMAGE_PIXELS
+        raise InputError(f"image '{shown}' has more pixels than PIL's limit of {limit:,} (a guard against "
+                         f"decompression bombs); resize it (e.g. to 4096x4096 or smaller) and pass that file") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"image '{path}' could not be read as an image ({type(exc).__name__}); pass a PNG or JPEG file") from exc
+        raise InputError(f"image '{shown}' could not be read as an image ({type(exc).__name__}); "
+                         f"pass a PNG or JPEG file") from exc
+
+
+def _missing(path: str, p: Path) -> str:
+    """Why nothing can be opened at ``p``: a URL, a symbolic link loop, a broken link, or no file there."""
+    shown = shorten(path)
+    if URL.match(path):
+        return f"image '{shown}' is a URL; URLs are not fetched: download the file first and pass its path"
+    if p.is_symlink():
+        try:
+            p.stat()
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"image '{shown}' is a symbolic link loop (it leads back to itself); pass the image file itself"
+        return (f"image '{shown}' is a link to '{shorten(os.readlink(p))}', which does not exist; "
+                f"fix the link or pass the image file itself")
+    return f"image '{shown}' does not exist; check the path"
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """``img`` as 8-bit RGB as a viewer shows it: high bit depths scaled to 8 bits, transparency over white."""
+    if img.mode.startswith("I") or img.mode == "F":
+        img = eight_bit(img)
+    palette_alpha = img.mode == "P" and img.palette is not None and img.palette.mode.endswith("A")
+    if img.mode in ALPHA_MODES or "transparency" in img.info or palette_alpha:
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
+    return img.convert("RGB")
+
+
+def eight_bit(img: Image.Image) -> Image.Image:
+    """A 16-bit grey (``I;16*``), 32-bit integer (``I``) or float (``F``) image scaled to 8-bit grey (``L``).
+
+    The full scale is 0..65535 for 16-bit grey, and for ``I`` images whose values fit in it (16-bit
+    PNG and TIFF data often arrive as ``I``); 0..1 for ``F`` images whose values fit in it (the usual
+    float convention); otherwise the image's own minimum..maximum. NaN and infinities become black.
+    """
+    import numpy as np  # only for such images: `mmspec --help` imports this module and stays fast
+
+    values = np.asarray(img, dtype=np.float64)  # (H, W)
+    finite = np.isfinite(values)
+    seen = values[finite]
+    lo, hi = (float(seen.min()), float(seen.max())) if seen.size else (0.0, 1.0)
+    if img.mode.startswith("I;16") or (img.mode == "I" and lo >= 0 and hi <= 65535):
+        lo, hi = 0.0, 65535.0
+    elif img.mode == "F" and lo >= 0 and hi <= 1:
+        lo, hi = 0.0, 1.0
+    scaled = np.where(finite, (values - lo) / ((hi - lo) or 1.0) * 255.0, 0.0)
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))  # uint8 (H, W): mode L
 
 
 def load_images(paths: Sequence[str | Path]) -> list[Image.Image]:

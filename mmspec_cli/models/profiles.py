@@ -1,9 +1,10 @@
 """Profiles: YAML files that pin what a run uses (models, decoding settings, drafter).
 
-A profile is read with ``yaml.safe_load`` and turned into frozen dataclasses by one small
-validator, :func:`_build`, which walks a mapping against a dataclass. Every section is a
-dataclass whose fields carry a *check* in their metadata (see :func:`_key`); the validator
-rejects unknown keys, missing required keys and bad values, naming the key path::
+A profile is read with a ``yaml.SafeLoader`` that refuses alias bombs (:class:`_ProfileLoader`)
+and turned into frozen dataclasses by one small validator, :func:`_build`, which walks a
+mapping against a dataclass. Every section is a dataclass whose fields carry a *check* in
+their metadata (see :func:`_key`); the validator rejects unknown keys, missing required keys
+and bad values, naming the key path (and quoting at most a short form of the value)::
 
     decoding.gamma: expected an integer between 1 and 64, got "five"
     decoding.gama: unknown key; known keys: gamma, max_new_tokens, temperature, ...
@@ -21,19 +22,26 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
 from mmspec_cli.choices import (DTYPES, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
                                 QUANTIZATIONS, SCHEDULES, TREE_KINDS)
 from mmspec_cli.errors import ProfileError
+from mmspec_cli.models.prompts import shorten
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
 #: which runs offline on a CPU. ``None`` would make ``--profile`` required.
 DEFAULT_PROFILE: str | None = "demo"
 
 PROFILE_SUFFIXES = (".yaml", ".yml")
+
+#: The largest seed: torch's ``manual_seed`` takes 0 to 2**64 - 1 (negative seeds are refused here anyway).
+MAX_SEED = 2**64 - 1
+
+#: The most values a profile may hold once its YAML aliases are expanded; a real profile holds a few dozen.
+MAX_YAML_VALUES = 10_000
 
 #: A check takes ``(value, key_path)`` and returns the (possibly normalised) value, or
 #: raises :class:`ProfileError` (via :func:`_fail`).
@@ -43,16 +51,51 @@ Check = Callable[[Any, str], Any]
 # --------------------------------------------------------------------------- messages
 
 
-def _show(value: Any) -> str:
-    """Render a value as it appeared in YAML: strings quoted, ``null``/``true``/``false``."""
+#: The most characters of a bad value an error message quotes.
+SHOW_LIMIT = 80
+
+
+def _show(value: Any, limit: int = SHOW_LIMIT) -> str:
+    """Render a value as it appeared in YAML (strings quoted, ``null``/``true``/``false``), cut to ``limit`` characters.
+
+    The text is built piece by piece and stops at the limit, so a huge, deeply nested or
+    self-referencing value (what YAML aliases can build) is never serialised whole.
+    """
+    text = ""
+    for piece in _pieces(value, limit):
+        text += piece
+        if len(text) > limit:
+            return text[: limit - 3] + "..."
+    return text
+
+
+def _pieces(value: Any, limit: int) -> Iterator[str]:
+    """JSON-like text of ``value``, lazily; every container yields a piece before descending into it."""
     if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= 80 else text[:77] + "..."
+        yield "null"
+    elif isinstance(value, bool):
+        yield "true" if value else "false"
+    elif isinstance(value, int):  # str() of an int past ~4300 digits raises: say how long it is instead
+        digits = int(value.bit_length() * 0.30103)  # log10(2)
+        yield repr(value) if digits < 300 else f"an integer of about {digits} digits"
+    elif isinstance(value, float):
+        yield repr(value)
+    elif isinstance(value, Mapping):
+        yield "{"
+        for i, (key, item) in enumerate(value.items()):
+            yield ", " if i else ""
+            yield json.dumps(str(key)[:limit], ensure_ascii=False) + ": "
+            yield from _pieces(item, limit)
+        yield "}"
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for i, item in enumerate(value):
+            yield ", " if i else ""
+            yield from _pieces(item, limit)
+        yield "]"
+    else:
+        text = value if isinstance(value, str) else str(value)
+        yield json.dumps(text[: limit + 1], ensure_ascii=False)
 
 
 def _fail(path: str, expected: str, value: Any) -> None:
@@ -61,7 +104,8 @@ def _fail(path: str, expected: str, value: Any) -> None:
 
 
 def _join(path: str, key: Any) -> str:
-    return f"{path}.{key}" if path else str(key)
+    key = str(key) if len(str(key)) <= 40 else str(key)[:37] + "..."  # a key is quoted in messages: keep it short
+    return f"{path}.{key}" if path else key
 
 
 # --------------------------------------------------------------------------- checks
@@ -97,9 +141,13 @@ def _number(expected: str, ok: Callable[[float], bool]) -> Check:
     def check(value: Any, path: str) -> float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             _fail(path, expected, value)
-        if not math.isfinite(value) or not ok(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past the largest float
             _fail(path, expected, value)
-        return float(value)
+        if not math.isfinite(number) or not ok(number):
+            _fail(path, expected, value)
+        return number
 
     return check
 
@@ -217,6 +265,14 @@ class ModelSpec:
     revision: str | None = _key(_optional(_string), None)
 
 
+def _seed(value: Any, path: str) -> int:
+    """An integer torch's ``manual_seed`` takes: 0 to 2**64 - 1 (it would remap a negative one; refused here)."""
+    value = _integer(0)(value, path)
+    if value > MAX_SEED:
+        _fail(path, f"an integer between 0 and {MAX_SEED} (the range torch's manual_seed takes)", value)
+    return value
+
+
 @dataclass(frozen=True)
 class DecodingSpec:
     """Decoding settings shared by all drafters."""
@@ -226,7 +282,7 @@ class DecodingSpec:
     temperature: float = _key(_number("a number >= 0", lambda x: x >= 0), 0.0)
     top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
     top_k: int | None = _key(_optional(_integer(1)), None)
-    seed: int | None = _key(_optional(_integer(0)), None)
+    seed: int | None = _key(_optional(_seed), None)
     gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
     tree_width: int = _key(_integer(1, MAX_TREE_WIDTH), 1)  # token trees: branches per block (1 = a plain chain)
     tree: str | None = _key(_choice(None, *TREE_KINDS), None)  # null: width when tree_width > 1, else chain
@@ -238,9 +294,9 @@ class DecodingSpec:
 def _members(value: Any, path: str) -> tuple[str, ...]:
     """A list of distinct drafting letters (m, t, c, p), at least two."""
     expected = "a list of at least two distinct letters from m, t, c, p (e.g. [m, t])"
-    if not isinstance(value, list) or len(value) < 2 or len(set(value)) != len(value):
-        _fail(path, expected, value)
-    if any(v not in MEMBER_LETTERS for v in value):
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(v, str) for v in value):
+        _fail(path, expected, value)  # checked before the set below: a nested list is unhashable
+    if len(set(value)) != len(value) or any(v not in MEMBER_LETTERS for v in value):
         _fail(path, expected, value)
     return tuple(value)
 
@@ -364,14 +420,66 @@ def _resolve(name_or_path: str) -> Path:
     )
 
 
+class _AliasBomb(Exception):
+    """A YAML document whose aliases expand past :data:`MAX_YAML_VALUES` values or contain themselves."""
+
+
+class _ProfileLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses pathological alias expansion before building anything.
+
+    Composing a document keeps each alias as a reference to its anchor's node, so a
+    "billion laughs" file composes into a few dozen nodes; only what is built from them (and
+    any message that prints them) would be exponential. The node graph is measured first.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _expanded_size(node, {}, set())
+        return super().construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many values ``node`` stands for with every alias written out; stops past :data:`MAX_YAML_VALUES`.
+
+    ``sizes`` memoises shared nodes (so the walk is linear in the file); ``open_nodes`` are the
+    nodes being measured, one of which met again is an alias inside its own anchor.
+    """
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise _AliasBomb("has an alias inside its own anchor (a value that contains itself)")
+    open_nodes.add(key)
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_YAML_VALUES:
+            raise _AliasBomb(f"expands, through its aliases, to more than {MAX_YAML_VALUES:,} values "
+                             f"(a \"billion laughs\" bomb?)")
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
+
+
 def _read_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` a file, turning read and syntax errors into one-line ProfileErrors."""
+    """Load a profile file safely, turning every way that fails into a one-line ProfileError."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"can't read profile {path}: {exc}; pass a readable UTF-8 YAML file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ProfileLoader)  # noqa: S506 - a SafeLoader subclass
+    except _AliasBomb as exc:
+        raise ProfileError(f"profile {path} {exc}; a profile holds a few dozen values, so write them out "
+                           f"without nesting aliases") from None
+    except RecursionError:
+        raise ProfileError(f"profile {path} is nested too deeply to read; a profile is a few levels deep") from None
+    except ValueError as exc:  # a scalar YAML can't build, e.g. an integer of more than 4300 digits
+        raise ProfileError(f"profile {path} holds a value that can't be read ({shorten(str(exc))}); "
+                           f"fix or remove that value") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -436,7 +544,7 @@ OVERRIDES: dict[str, Override] = {
     "temperature": Override("decoding.temperature", float, "X", "0 for greedy decoding."),
     "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),
     "top_k": Override("decoding.top_k", int, "N", "Sample from the N likeliest tokens."),
-    "seed": Override("decoding.seed", int, "N", "Random seed for sampling."),
+    "seed": Override("decoding.seed", int, "N", "Random seed for sampling (0 to 2^64 - 1)."),
 }
 
 

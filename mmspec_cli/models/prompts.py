@@ -32,6 +32,38 @@ def image_placeholder(processor: Any) -> str:
     return getattr(processor, "image_token", None) or "<image>"
 
 
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` on one line, cut in the middle to ``limit`` characters, to quote a user's value in an error.
+
+    The middle goes, so a path keeps its start and its file name; only a bounded slice of each end is looked at.
+    """
+    if len(text) > 4 * limit:
+        text = text[: 2 * limit] + " " + text[-2 * limit:]
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[len(text) - (limit - 3 - head):]
+
+
+#: Written after the placeholder's first character so that text holding it stays text (see :func:`as_text`).
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def as_text(text: str, placeholder: str) -> str:
+    """``text`` with every occurrence of the image ``placeholder`` broken by a zero-width space.
+
+    A processor expands each placeholder in the prompt into an image's tokens, so a question
+    (or an answer) that quotes ``<image>`` would ask for one image more than was given. Broken
+    up, it is tokenized as plain text. Repeated until none is left (a replacement can't make
+    a new occurrence for ``<image>``, but could for placeholders like ``aa``).
+    """
+    broken = placeholder[:1] + ZERO_WIDTH_SPACE + placeholder[1:]
+    while placeholder and placeholder in text:
+        text = text.replace(placeholder, broken)
+    return text
+
+
 def build_messages(questions: Sequence[str], answers: Sequence[str], n_images: int) -> list[dict]:
     """Chat messages for the turn after ``answers``: images first in the first user turn."""
     messages: list[dict] = []
@@ -62,39 +94,48 @@ def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[st
     """The prompt text for the next turn, through the processor's chat template when it has one.
 
     ``history``: earlier (question, answer) turns given as they are (not generated), before ``questions``.
+    Questions and answers that hold the image placeholder keep it as text (:func:`as_text`).
     """
-    messages = build_messages([q for q, _ in history] + list(questions), [a for _, a in history] + list(answers),
-                              n_images)
+    placeholder = image_placeholder(processor)
+    questions = [as_text(q, placeholder) for q in [q for q, _ in history] + list(questions)]
+    answers = [as_text(a, placeholder) for a in [a for _, a in history] + list(answers)]
+    messages = build_messages(questions, answers, n_images)
     if getattr(processor, "chat_template", None):
         return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     eos = processor.tokenizer.eos_token or ""
-    return llava15_prompt(messages, image_placeholder(processor), eos)
+    return llava15_prompt(messages, placeholder, eos)
 
 
 NO_QUESTION = "no question given; pass one with -q TEXT (repeat -q for a conversation)"
 
 
 def check_questions(questions: Sequence[str], raw_prompt: str | None) -> list[str]:
-    """The turns to run: the questions, or the one ``--raw-prompt`` turn. Refuses neither or both."""
+    """The turns to run: the questions, or the one ``--raw-prompt`` turn. Refuses neither, both, or an empty one."""
     if raw_prompt is None:
         if not questions:
             raise InputError(NO_QUESTION)
+        for i, question in enumerate(questions, start=1):
+            if not question.strip():
+                which = f"question {i} (-q)" if len(questions) > 1 else "the question (-q)"
+                raise InputError(f"{which} is empty; write the question after -q, e.g. -q \"Describe the image.\"")
         return list(questions)
     if questions:
         raise InputError("--raw-prompt gives the whole prompt of one turn; drop -q or pass only --raw-prompt")
+    if not raw_prompt.strip():
+        raise InputError("--raw-prompt is empty; pass the whole prompt of the turn, with one <image> per image")
     return [raw_prompt]
 
 
 def check_history(history: Any, raw_prompt: str | None = None) -> list[tuple[str, str]]:
     """Earlier turns as (question, answer) pairs of non-empty strings; refused beside ``--raw-prompt``."""
     if not isinstance(history, (list, tuple)):
-        raise InputError(f"history must be a list of [question, answer] pairs, got {history!r:.80}")
+        raise InputError(f"history must be a list of [question, answer] pairs, got {shorten(repr(history))}")
     pairs = []
     for i, turn in enumerate(history, start=1):
         if (not isinstance(turn, (list, tuple)) or len(turn) != 2
                 or not all(isinstance(x, str) and x.strip() for x in turn)):
             raise InputError(f"history turn {i} must be a [question, answer] pair of non-empty strings, "
-                             f"got {turn!r:.80}")
+                             f"got {shorten(repr(turn))}")
         pairs.append((turn[0], turn[1]))
     if pairs and raw_prompt is not None:
         raise InputError("--raw-prompt gives the whole prompt of one turn; write the earlier turns into it "
