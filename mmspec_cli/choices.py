@@ -10,6 +10,10 @@ from __future__ import annotations
 #: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
 MEMBER_LETTERS = ("m", "t", "c", "p")
 
+#: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
+HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
+BENCH_PEERS = (HF_ASSISTED,)
+
 #: Floating-point dtypes a model can be loaded in (``torch.<name>``).
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 

@@ -26,7 +26,7 @@ from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.registry import BENCH_PEERS
+from mmspec_cli.choices import BENCH_PEERS
 from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.images import load_image, to_rgb
 from mmspec_cli.models.profiles import MAX_SEED, _show, apply_overrides, load_profile, profile_from_dict

@@ -10,7 +10,7 @@ One module per job:
 - :mod:`.runner`: samples x drafters over one loaded :class:`~mmspec_cli.api.ModelSet`;
 - :mod:`.progress`: the progress bar on stderr;
 - :mod:`.summary`: pure functions from records to the summary numbers;
-- :mod:`.report`: the summary as a rich table, JSON or CSV.
+- :mod:`.report`: the summary as a rich table, JSON or CSV;
+- :mod:`.peers`: decoders other than the engine as bench rows (``hf-assisted``);
+- :mod:`.latency`: T_p, T_q and c for ``profile-latency`` and Eq. (1).
 """
-
-HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation, run as a peer row (:mod:`mmspec_cli.bench.hf_assisted`)

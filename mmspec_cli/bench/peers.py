@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-from mmspec_cli.bench import HF_ASSISTED
+from mmspec_cli.choices import HF_ASSISTED
 from mmspec_cli.decoding.conversation import conversation
 from mmspec_cli.decoding.events import Event, Generation, TurnResult, collect
 from mmspec_cli.decoding.metrics import RunStats

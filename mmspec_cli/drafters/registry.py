@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import MEMBER_LETTERS
+from mmspec_cli.choices import BENCH_PEERS, MEMBER_LETTERS
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
@@ -57,10 +57,6 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
         if letters.count(letter) > 1:
             raise InputError(f"drafter '{name}' repeats '{letter}'; name each member once, e.g. mt")
     return tuple(letters)
-
-
-#: Bench-only peer rows (``bench/peers.py``): names ``--drafters`` of ``bench`` takes, which no engine drafter has.
-BENCH_PEERS = ("hf-assisted",)
 
 
 def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> DrafterPlan:
