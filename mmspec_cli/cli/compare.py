@@ -49,10 +49,13 @@ def compare(
     questions = check_questions(question or [], None)
     chosen = apply_overrides(load_profile(profile), **overrides)
     names = drafter_names(drafters, chosen.ensemble.members)
-    outcome = _run(chosen, pictures, questions, names, progress=sys.stdout.isatty() and not as_json)
+    from mmspec_cli.cli.display import is_terminal
+
+    terminal = is_terminal(sys.stdout)
+    outcome = _run(chosen, pictures, questions, names, progress=terminal and not as_json)
     if as_json:
         typer.echo(json.dumps(comparison_json(outcome)))
-    elif sys.stdout.isatty():
+    elif terminal:
         from rich.console import Console
 
         Console().print(rich_report(outcome))

@@ -73,6 +73,15 @@ def weight_bars(members: Sequence[str], weights: Sequence[float], width: int = 1
     return bars
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is an open terminal; False for None (a closed std stream), a closed file, or an object
+    without ``isatty`` (what some embedding hosts put in ``sys.stdout``), so output modes never crash on it."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # None or no isatty; "I/O operation on closed file"; a bad fd
+        return False
+
+
 def summary_line(stats: RunStats) -> str:
     """One line of turn statistics; acceptance rate ``-`` when nothing was drafted."""
     rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"

@@ -2,7 +2,9 @@
 
 - :class:`~mmspec_cli.errors.MmspecError`: ``error: <message>`` on stderr, exit 2;
 - CUDA out of memory: a one-line hint (quantize, smaller dtype), exit 2;
-- Ctrl-C: exit 130, quietly.
+- Ctrl-C: exit 130, quietly;
+- click's usage and type errors (``--gamma five``, an unknown flag): one ``error:`` line too, exit 2,
+  instead of typer's boxed multi-line panel (:func:`usage_errors_in_one_line`).
 
 With ``MMSPEC_DEBUG=1`` the full traceback is printed instead (same exit codes). Any other
 exception is a bug and propagates with its traceback.
@@ -10,11 +12,13 @@ exception is a bug and propagates with its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 
@@ -63,3 +67,60 @@ def message(exc: BaseException) -> str:
     """The one-line message for a mapped error."""
     text = str(exc) if isinstance(exc, MmspecError) else OOM_MESSAGE
     return " ".join(text.split())
+
+
+#: click's base exception. Recent typers raise the one of the click they vendor (``typer._click``), older typers
+#: click's own; the public ``typer.BadParameter`` leads to the right one either way.
+CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+#: pydantic error types (recent typers convert values with pydantic) in the words click itself uses.
+NOT_A = {"int_parsing": "a valid integer", "int_from_float": "a valid integer", "float_parsing": "a valid number",
+         "bool_parsing": "a valid boolean"}
+SHOWN_CHARS = 40  # the most of a bad value an error line quotes
+
+
+@contextlib.contextmanager
+def usage_errors_in_one_line() -> Iterator[None]:
+    """Turn click's usage errors raised inside into one ``error:`` line and exit 2, like every other user error.
+
+    ``mmspec`` with no arguments shows the help (click's NoArgsIsHelpError); that is left to typer.
+    """
+    try:
+        yield
+    except CLICK_ERROR as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        typer.echo(f"error: {usage_message(exc)}", err=True)
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def usage_message(exc: Exception) -> str:
+    """One line for a click error: ``--gamma: 'five' is not a valid integer; see `mmspec generate --help```."""
+    param = getattr(exc, "param", None)
+    if param is not None and type(exc).__name__ == "BadParameter":  # a value that did not convert
+        text = f"{_flag(param)}: {_not_valid(exc)}"
+    else:
+        text = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        text = f"{text.rstrip('.')}; see `{ctx.command_path} --help`"
+    return " ".join(text.split())
+
+
+def _flag(param: Any) -> str:
+    """``--gamma`` for an option (its long name), ``IMAGE`` for an argument."""
+    longs = [opt for opt in param.opts if opt.startswith("--")]
+    return longs[0] if longs else (param.metavar or param.name.upper())
+
+
+def _not_valid(exc: Exception) -> str:
+    """``'five' is not a valid integer`` from the conversion error behind ``exc``; else click's own message."""
+    errors = getattr(exc.__cause__, "errors", None)  # pydantic's ValidationError, under recent typers
+    first = errors()[0] if callable(errors) and errors() else {}
+    if first.get("type") in NOT_A and isinstance(first.get("input"), str):
+        return f"{shorten(first['input'])} is not {NOT_A[first['type']]}"
+    return str(exc.message).rstrip(".")
+
+
+def shorten(value: str, limit: int = SHOWN_CHARS) -> str:
+    """``value`` quoted, cut to ``limit`` characters with an ellipsis: error lines stay short."""
+    return repr(value if len(value) <= limit else value[: limit - 1] + "…")

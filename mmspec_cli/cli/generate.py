@@ -34,7 +34,9 @@ def generate(
     questions = question or []
     check_questions(questions, raw_prompt)
     chosen = apply_overrides(load_profile(profile), **overrides)
-    _run(chosen, pictures, questions, raw_prompt, live=sys.stdout.isatty() and not no_live, as_json=as_json)
+    from mmspec_cli.cli.display import is_terminal
+
+    _run(chosen, pictures, questions, raw_prompt, live=is_terminal(sys.stdout) and not no_live, as_json=as_json)
 
 
 def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None, live: bool,

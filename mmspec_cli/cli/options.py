@@ -3,18 +3,23 @@
 The decoding flags (``--gamma``, ``--tree-width``, ``--temperature``, ...) are built from the
 profile's override table (:data:`mmspec_cli.models.profiles.OVERRIDES`): a command decorated
 with :func:`decoding_flags` gets every one of them and receives their values as one
-``overrides`` dict, ready for ``apply_overrides``.
+``overrides`` dict, ready for ``apply_overrides``. :func:`check_writable` checks an output
+path given by a flag before the command's work starts.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from mmspec_cli.cli.errors import shorten
+from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import OVERRIDES
 
 Images = Annotated[list[str] | None, typer.Argument(metavar="IMAGE", help="Image files, in prompt order.",
@@ -57,3 +62,27 @@ def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None)
         return wrapper
 
     return decorate
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse an output path now that the command could only fail on at its end, after the work (a calibration,
+    a measurement) whose results would then be lost.
+
+    A file that does not exist yet is created and removed again, which tests what permissions alone
+    can't (``/proc``, a read-only mount); nothing is left behind. An existing file is not opened.
+    """
+    shown = shorten(str(path))
+    if path.is_dir():
+        raise InputError(f"{flag} {shown} is a folder; name a file in it")
+    if not path.parent.is_dir():
+        raise InputError(f"{flag} {shown}: folder {shorten(str(path.parent))} doesn't exist; "
+                         f"create it or pick another path")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise InputError(f"{flag} {shown} can't be written (permission denied); pick another path")
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except OSError as exc:
+        raise InputError(f"{flag} {shown} can't be written ({exc.strerror or exc}); pick another path") from None
+    os.unlink(path)

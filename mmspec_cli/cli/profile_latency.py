@@ -14,11 +14,13 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import ProfileName
+from mmspec_cli.cli.errors import shorten
+from mmspec_cli.cli.options import ProfileName, check_writable
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import load_profile
 
 GAMMAS_FOR_EQ1 = range(1, 8)
+DEFAULT_GAMMAS = "1,3,5,7"
 
 
 def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
@@ -28,7 +30,7 @@ def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
     except ValueError:
         values = []
     if not values or any(v < low for v in values):
-        raise InputError(f"{flag}: expected a comma-separated list of integers >= {low}, got \"{text}\"")
+        raise InputError(f"{flag}: expected a comma-separated list of integers >= {low}, got {shorten(text)}")
     return sorted(set(values))
 
 
@@ -55,15 +57,24 @@ def profile_latency(
     profile: ProfileName = None,
     batch: Annotated[str, typer.Option(metavar="B,...", help="Draft batch rows (ensemble members).")] = "1,2,3,4",
     seq: Annotated[str, typer.Option(metavar="S,...", help="Prefix lengths in tokens.")] = "512,1024,2048,3072",
-    gamma: Annotated[str, typer.Option(metavar="G,...", help="Tokens verified per target call.")] = "1,3,5,7",
+    gammas: Annotated[str, typer.Option(metavar="G,...", help="Tokens verified per target call.")] = DEFAULT_GAMMAS,
+    gamma: Annotated[str | None, typer.Option(hidden=True, help="Deprecated name of --gammas.")] = None,
     repeat: Annotated[int, typer.Option(metavar="N", help="Timed repeats per point (median).")] = 10,
     tau: Annotated[float | None, typer.Option(metavar="X", help="Block efficiency for Eq. (1).")] = None,
     results: Annotated[Path | None, typer.Option(metavar="FILE", help="bench JSONL: use its block efficiencies.")] = None,
-    plot: Annotated[Path | None, typer.Option(metavar="FILE.png", help="Draw the latency curves (needs matplotlib).")] = None,
+    plot: Annotated[Path | None, typer.Option(metavar="FILE.png", help=(
+        "Draw the latency curves, in any format matplotlib writes (needs matplotlib)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
-    """Measure T_p and T_q, check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench."""
-    batches, seqs, gammas = parse_ints(batch, "--batch"), parse_ints(seq, "--seq"), parse_ints(gamma, "--gamma")
+    """Measure T_p and T_q, check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench.
+
+    Flags, profile and --plot path are checked before any model is loaded.
+
+    Results that can't be cached (MMSPEC_CACHE not writable) are printed, then one error line says why; exit code 2.
+    """
+    gamma_flag, gamma_values = _gammas(gammas, gamma)
+    batches, seqs = parse_ints(batch, "--batch"), parse_ints(seq, "--seq")
+    gamma_list = parse_ints(gamma_values, gamma_flag)
     if repeat < 1:
         raise InputError(f"--repeat: expected an integer >= 1, got {repeat}")
     if tau is not None and tau < 1:
@@ -73,8 +84,38 @@ def profile_latency(
     if chosen.draft is None:
         raise InputError("profile-latency times the draft too; add a `draft:` section to the profile")
     if plot is not None:
-        _require_matplotlib()
-    _run(chosen, batches, seqs, gammas, repeat, taus, plot, as_json)
+        _check_plot(plot)
+    _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json)
+
+
+def _gammas(gammas: str, gamma: str | None) -> tuple[str, str]:
+    """The flag the γ list came from and its text. ``--gamma`` is one value in every other command, so here
+    the list is ``--gammas``; ``--gamma`` still works, with a note on stderr."""
+    if gamma is None:
+        return "--gammas", gammas
+    if gammas != DEFAULT_GAMMAS:
+        raise InputError("pass the γ values once, with --gammas (--gamma is its deprecated name)")
+    typer.echo("note: profile-latency --gamma is deprecated (elsewhere --gamma is one value); use --gammas", err=True)
+    return "--gamma", gamma
+
+
+def _check_plot(path: Path) -> None:
+    """Refuse a ``--plot`` path that matplotlib could not write, or would silently write elsewhere, before the
+    measurement: afterwards the failure would cost it. A folder would become ``<folder>.png``, a name with no
+    suffix ``<name>.png``."""
+    if path.is_dir():
+        raise InputError(f"--plot {shorten(str(path))} is a folder; name a file in it, such as "
+                         f"{shorten(str(path / 'latency.png'))}")
+    check_writable(path, "--plot")
+    _require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = path.suffix[1:].lower()
+    if suffix not in formats:
+        what = f"can't write {shorten('.' + suffix, 12)} files" if suffix else "needs a suffix naming the format"
+        raise InputError(f"--plot {shorten(str(path))}: matplotlib {what}; end the name with one of "
+                         f"{', '.join('.' + f for f in formats)}")
 
 
 def _require_matplotlib() -> None:
@@ -85,6 +126,7 @@ def _require_matplotlib() -> None:
 
 
 def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
+    """Measure, then show the results before anything that can still fail (the cache, the plot) can lose them."""
     from mmspec_cli.bench import latency
     from mmspec_cli.decoding.metrics import expected_speedup
     from mmspec_cli.models.loading import load_model
@@ -95,19 +137,25 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
     timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
     result = latency.measure(target.model, draft.model, profile.target.model, profile.draft.model,
                              batches, seqs, gammas, timer, profile.target.revision, profile.draft.revision)
-    path = latency.save(result)
+    try:
+        path, unsaved = latency.save(result), None
+    except OSError as exc:  # $MMSPEC_CACHE read-only, a file, on a full disk...
+        path, unsaved = None, exc
     remarks = latency.check_remarks(result)
     ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1}
     speedups = {name: {g: expected_speedup(t, g, ratios[g]) for g in GAMMAS_FOR_EQ1} for name, t in taus.items()}
-    if plot is not None:
-        _plot(result, plot)
     if as_json:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
                                "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
-                               "expected_speedup": speedups, "tau": taus, "cache": str(path)}))
-        return
-    _print_tables(result, remarks, ratios, speedups, taus, batches[0], seqs[0], path)
+                               "expected_speedup": speedups, "tau": taus, "cache": path and str(path)}))
+    else:
+        _print_tables(result, remarks, ratios, speedups, taus, batches[0], seqs[0], path)
+    if plot is not None:
+        _plot(result, plot)
+    if unsaved is not None:
+        raise InputError(f"the results above could not be cached for bench in {shorten(str(latency.cache_dir()))} "
+                         f"({unsaved.strerror or unsaved}); set MMSPEC_CACHE to a writable folder and run again")
 
 
 def _check_lengths(target, draft, needed: int) -> None:
@@ -141,7 +189,8 @@ def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> 
     console.print(eq1)
     if not taus:
         console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
-    console.print(f"saved to {path} (bench reads it for Eq. (1))", style="dim")
+    if path is not None:
+        console.print(f"saved to {path} (bench reads it for Eq. (1))", style="dim")
 
 
 def _grid(title: str, seqs, columns: dict):

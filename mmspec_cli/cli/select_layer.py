@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from mmspec_cli.cli.options import ProfileName, Questions
+from mmspec_cli.cli.errors import shorten
+from mmspec_cli.cli.options import ProfileName, Questions, check_writable
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import Profile, load_profile, profile_to_dict
 
@@ -49,10 +50,17 @@ def select_layer(
     out_path = _check_write(write, chosen)
     samples = _samples(sources or [], question or [], limit)
     result = _run(chosen, samples, lam, max_layer, empirical)
+    failed = None
     if out_path is not None:
-        _write_profile(chosen, result["chosen"], out_path)
-        result["written"] = str(out_path)
+        try:
+            _write_profile(chosen, result["chosen"], out_path)
+            result["written"] = str(out_path)
+        except OSError as exc:  # checked above, but the disk can still fill up: print the results first
+            failed = exc
     typer.echo(json.dumps(_finite(result)) if as_json else _report(result), nl=as_json)
+    if failed is not None:
+        raise InputError(f"--write {shorten(write)} could not be written ({failed.strerror or failed}); "
+                         f"set ssd.layer: {result['chosen']} in a copy of the profile by hand")
 
 
 def _finite(value: Any) -> Any:
@@ -67,13 +75,13 @@ def _finite(value: Any) -> Any:
 
 
 def _check_write(write: str | None, profile: Profile) -> Path | None:
+    """The ``--write`` path, checked before the calibration so that a bad one can't cost its results."""
     if write is None:
         return None
     path = Path(write).expanduser()
     if path.resolve() == Path(profile.source).resolve():
-        raise InputError(f"--write {write} is the profile itself; --write saves a copy, so name another file")
-    if not path.parent.is_dir():
-        raise InputError(f"--write {write}: folder {path.parent} doesn't exist; create it or pick another path")
+        raise InputError(f"--write {shorten(write)} is the profile itself; --write saves a copy, so name another file")
+    check_writable(path, "--write")
     return path
 
 

@@ -3,11 +3,18 @@
 A hub id and a local directory go through the same ``from_pretrained`` calls; tests save
 tiny models with ``save_pretrained`` and load them back here. Nothing from a model
 repository is executed unless its profile entry says ``trust_remote_code: true``.
+
+Before any weights load, a device the machine lacks is refused (:func:`check_device`), and
+a hub id is refused at once when the hub can't be reached and the model is not in the local
+Hugging Face cache (:func:`_hub_options`), instead of after half a minute of retries.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +24,10 @@ import transformers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmspec_cli.errors import ModelLoadError
+
+HUB_PROBE_TIMEOUT_S = 2.0  # one HEAD request to the hub; DNS failures and refused connections answer far sooner
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
 
 @dataclass
 class LoadedModel:
@@ -90,6 +101,27 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def devices_here() -> list[str]:
+    """The devices a profile may name on this machine: cpu, each CUDA GPU (cuda:0, ...), mps if present."""
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return ["cpu", *(f"cuda:{i}" for i in range(cuda)), *(["mps"] if mps else [])]
+
+
+def check_device(device: str, role: str) -> None:
+    """Refuse ``{role}.device`` (already resolved from 'auto') if this machine lacks it, naming what it has.
+
+    Without this, torch fails deep inside the load with "Torch not compiled with CUDA enabled" or
+    "invalid device ordinal", which names neither the profile entry nor a fix.
+    """
+    here = devices_here()
+    wanted = "cuda:0" if device == "cuda" else device
+    if wanted in here:
+        return
+    raise ModelLoadError(f"{role}.device: {device} does not exist on this machine (devices here: {', '.join(here)}); "
+                         f"set {role}.device to one of them, or to auto")
+
+
 def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
     if kind is None:
         return None
@@ -109,6 +141,76 @@ def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
 
 def _is_local(model: str) -> bool:
     return os.path.isdir(os.path.expanduser(model))
+
+
+def _hub_options(role: str, model: str, revision: str | None) -> dict[str, Any]:
+    """Extra ``from_pretrained`` options for ``model``, or a one-line refusal, decided before any download.
+
+    Nothing for a folder, or for a hub id when the hub answers. When it can't (``HF_HUB_OFFLINE``
+    is set, or one quick probe of the endpoint fails), a model in the local Hugging Face cache loads
+    from there (``local_files_only``, so no request is retried); any other is refused now, rather
+    than after half a minute of retries and ten retry lines per file.
+    """
+    if _is_local(model) or not _is_hub_id(model):
+        return {}
+    offline = _offline()
+    if not offline and hub_reachable():
+        return {}
+    if _in_hub_cache(model, revision):
+        return {"local_files_only": True}
+    from huggingface_hub import constants
+
+    why = ("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set" if offline
+           else f"the Hugging Face hub ({constants.ENDPOINT}) can't be reached")
+    raise ModelLoadError(f"{role}.model: '{model}' is not in the local Hugging Face cache and {why}; "
+                         f"download it where there is network (`hf download {model}`) and copy the cache here, "
+                         f"or pass a local path saved with save_pretrained as {role}.model")
+
+
+def _is_hub_id(model: str) -> bool:
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except ValueError:  # HFValidationError
+        return False
+    return True
+
+
+def _offline() -> bool:
+    """Offline mode as huggingface_hub sees it (read at its import), or as the environment says now."""
+    from huggingface_hub import constants
+
+    values = (os.environ.get(name, "").upper() for name in OFFLINE_VARIABLES)
+    return bool(constants.HF_HUB_OFFLINE) or any(v in {"1", "ON", "YES", "TRUE"} for v in values)
+
+
+def _in_hub_cache(model: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str)
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the hub endpoint answers one HEAD request within ``timeout`` seconds (DNS included: the request
+    runs in a thread that is waited for no longer). Any answer below 500 counts, even an error status."""
+    from huggingface_hub import constants
+
+    answers: list[bool] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout).close()
+            answers.append(True)
+        except urllib.error.HTTPError as exc:  # the hub (or a proxy in front of it) answered
+            answers.append(exc.code < 500)
+        except (OSError, ValueError):  # no DNS, refused, unreachable, timed out (URLError is an OSError)
+            answers.append(False)
+
+    thread = threading.Thread(target=probe, name="mmspec-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answers) and answers[0]
 
 
 def _unreachable_message(role: str, model: str, exc: Exception) -> str:
@@ -138,7 +240,10 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     processing, as TABED's LLaVA-1.5 drafts were.
     """
     name = model_location(spec.model)
-    common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+    device = resolve_device(spec.device)
+    check_device(device, role)
+    common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision,
+              **_hub_options(role, name, spec.revision)}
     try:
         config = AutoConfig.from_pretrained(name, **common)
     except OSError as exc:
@@ -153,7 +258,6 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
             f"use a LLaVA-family model such as llava-hf/llava-1.5-7b-hf"
         )
     dtype = getattr(torch, spec.dtype)  # one of choices.DTYPES, checked by the profile
-    device = resolve_device(spec.device)
     kwargs: dict[str, Any] = dict(common, dtype=dtype)
     quant = _quantization_config(spec.quantization, dtype, role)
     if quant is not None:
