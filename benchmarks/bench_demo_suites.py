@@ -2,7 +2,7 @@
 
 One run, on one machine, with the default (``demo``) profile:
 
-1. ``mmspec profile-latency --batch 1,2,4 --seq 128,256 --gamma G`` caches the latency ratio
+1. ``mmspec profile-latency --batch 1,2,4 --seq 128,256 --gammas G`` caches the latency ratio
    c of this machine (one draft step with B rows / one target verification), so that the
    summary can give Eq. (1) beside the measured speedup.
 2. ``mmspec bench demo-all --drafters ar,m,t,c,p,mt,tabed,tabed:mtcp --out DIR/demo-all.jsonl``
@@ -167,7 +167,7 @@ def main() -> None:
 
     gamma = args.gamma or load_profile(None).decoding.gamma
     if not args.judge_only:
-        mmspec("profile-latency", "--batch", "1,2,4", "--seq", "128,256", "--gamma", str(gamma), "--repeat", "30")
+        mmspec("profile-latency", "--batch", "1,2,4", "--seq", "128,256", "--gammas", str(gamma), "--repeat", "30")
         if records.exists():
             records.unlink()
         gamma_flag = [] if args.gamma is None else ["--gamma", str(args.gamma)]

@@ -43,7 +43,8 @@ MAX_NEW = 6
 DRAFTERS = "ar,m,t"
 RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
                "acceptance_rate", "wall_s", "tokens_per_s", "drafted", "accepted", "prompt_tokens", "gamma",
-               "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed", "ensemble"}
+               "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed", "ensemble",
+               "threads"}
 SAMPLES = [
     {"id": "s0", "images": ["img0.png"], "turns": ["what is in the image?", "and then?"], "category": "llava-w"},
     {"id": "s1", "images": ["img1.png", "img0.png"], "turns": ["what changed between the two images?", "why?"],

@@ -77,7 +77,7 @@ def reference_ids(target, image_paths: list[str], question: str, max_new_tokens:
 
 def test_json_is_one_object_with_the_schema(files):
     data = run_json(files, "-q", QUESTION)
-    assert set(data) == {"drafter", "profile", "turns", "stats"}
+    assert set(data) == {"drafter", "profile", "turns", "stats", "threads"}
     assert (data["drafter"], data["profile"]) == ("m", "tiny")
     assert set(data["stats"]) == STATS_KEYS
     [turn] = data["turns"]

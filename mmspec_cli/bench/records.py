@@ -5,7 +5,7 @@ A record::
     {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks",
      "block_efficiency", "acceptance_rate", "wall_s", "tokens_per_s",
      "drafted", "accepted", "prompt_tokens", "gamma", "temperature", "max_new_tokens", "prompt_style",
-     "target", "draft", "top_p", "top_k", "seed", "ensemble", "members"?, "weights"?, "caption_s"?,
+     "target", "draft", "top_p", "top_k", "seed", "ensemble", "threads", "members"?, "weights"?, "caption_s"?,
      "history_turns"?}
 
 ``weights`` (one list per block, in ``members`` order) appear for ensemble drafters;

@@ -51,12 +51,13 @@ class RunSettings:
     top_k: int | None = None
     seed: int | None = None
     ensemble: str = ""  # the profile's drafting settings (ensemble, pooling, a non-constant gamma schedule), as JSON
+    threads: int | None = None  # CPU threads torch used (models/threads.py); None: its default (models on a GPU)
 
     def record_fields(self) -> dict[str, Any]:
         """The settings each record carries (``--resume`` refuses a file made with others)."""
         return {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
                 "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
-                "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble}
+                "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble, "threads": self.threads}
 
     def turns(self, sample: Sample) -> int:
         return min(len(sample.turns), self.max_turns or len(sample.turns))

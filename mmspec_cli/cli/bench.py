@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import ProfileName, decoding_flags
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, decoding_flags
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -47,6 +47,7 @@ def bench(
         "Only summarise results files (repeatable); no SOURCE, no models."))] = None,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help=(
         "Run one short untimed turn per drafter before timing."))] = True,
+    threads: Threads = None,
     *,
     overrides: dict,
 ) -> None:
@@ -80,6 +81,7 @@ def bench(
     shard_ = parse_shard(shard)
     chosen = apply_overrides(load_profile(profile), **overrides)
     check_profile_fits(names, chosen)
+    threads = check_threads(threads)
     if shard == "auto":
         chosen = pin_local_device(chosen, os.environ)
     if shard_ and shard_[1] > 1 and out and "{rank}" not in out:
@@ -87,7 +89,7 @@ def bench(
                          f"the name, e.g. --out results.{{rank}}.jsonl, and merge them with --summarize")
     out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
     raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup,
-                          profile or DEFAULT_PROFILE, resume_command(ctx)))
+                          profile or DEFAULT_PROFILE, resume_command(ctx), threads))
 
 
 # --------------------------------------------------------------------------- checks before loading
@@ -147,7 +149,7 @@ def pin_local_device(profile: Profile, env) -> Profile:
 
 def _run(source: str, names: list[str], profile: Profile, limit: int | None, turns: int | None, out: str | None,
          resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool, label: str,
-         again: str) -> int:
+         again: str, threads: int | None = None) -> int:
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
@@ -182,7 +184,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
             if pending:
                 from mmspec_cli.bench.runner import BenchRunner
 
+                from mmspec_cli.models.threads import apply_threads
+
                 models = _load(profile, names)
+                settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)
                 total = sum(len(t) for t in pending.values())
                 with BenchProgress(total, names, results.records, enabled=sys.stderr.isatty()) as progress:
                     BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)

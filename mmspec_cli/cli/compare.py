@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mmspec_cli.cli.options import Images, ProfileName, Questions, decoding_flags
+from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
 from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
                                        weight_share)
 from mmspec_cli.models.images import load_images
@@ -35,6 +35,7 @@ def compare(
         "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed.")) ] = DEFAULT_DRAFTERS,
     profile: ProfileName = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
+    threads: Threads = None,
     *,
     overrides: dict,
 ) -> None:
@@ -49,10 +50,11 @@ def compare(
     questions = check_questions(question or [], None)
     chosen = apply_overrides(load_profile(profile), **overrides)
     names = drafter_names(drafters, chosen.ensemble.members)
+    threads = check_threads(threads)
     from mmspec_cli.cli.display import is_terminal
 
     terminal = is_terminal(sys.stdout)
-    outcome = _run(chosen, pictures, questions, names, progress=terminal and not as_json)
+    outcome = _run(chosen, pictures, questions, names, progress=terminal and not as_json, threads=threads)
     if as_json:
         typer.echo(json.dumps(comparison_json(outcome)))
     elif terminal:
@@ -92,13 +94,17 @@ class Outcome:
         return self.divergence is None if self.greedy else None
 
 
-def _run(profile: Profile, pictures: list, questions: list[str], names: list[str], progress: bool) -> Outcome:
+def _run(profile: Profile, pictures: list, questions: list[str], names: list[str], progress: bool,
+         threads: int | None = None) -> Outcome:
     """Load the models once and run every drafter on the same input."""
     from rich.console import Console
 
     from mmspec_cli.api import ModelSet  # the engine pulls in torch and transformers: import only when needed
 
+    from mmspec_cli.models.threads import apply_threads
+
     models = ModelSet.load(profile, names)
+    apply_threads(threads, models.target.model)
     status = Console(stderr=True)
     generations = {}
     for i, name in enumerate(names, start=1):

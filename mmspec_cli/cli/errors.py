@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -118,7 +119,16 @@ def _not_valid(exc: Exception) -> str:
     first = errors()[0] if callable(errors) and errors() else {}
     if first.get("type") in NOT_A and isinstance(first.get("input"), str):
         return f"{shorten(first['input'])} is not {NOT_A[first['type']]}"
+    found = CLICK_NOT_VALID.match(str(exc.message))  # older typers: click's own wording, by type name
+    if found:
+        value, kind = found["value"], found["kind"]
+        value = value[1:-1] if len(value) > 1 and value[0] == value[-1] == "'" else value
+        return f"{shorten(value)} is not {'a valid integer' if kind.startswith('int') else 'a valid number'}"
     return str(exc.message).rstrip(".")
+
+
+#: click's "'five' is not a valid int." (or integer, float): read so that every typer version words it alike.
+CLICK_NOT_VALID = re.compile(r"^(?P<value>.+?) is not a valid (?P<kind>integer|int|float)\.?$", re.S)
 
 
 def shorten(value: str, limit: int = SHOWN_CHARS) -> str:

@@ -29,6 +29,20 @@ Questions = Annotated[list[str] | None, typer.Option("-q", "--question", metavar
                                                      show_default=False)]
 ProfileName = Annotated[str | None, typer.Option("--profile", metavar="NAME|PATH",
                                                  help="Built-in profile name or YAML file.")]
+Threads = Annotated[int | None, typer.Option("--threads", metavar="N", help=(
+    "CPU threads for models on the CPU (also MMSPEC_THREADS); default: 1 for small models like the demo "
+    "family's, else the cores the load average leaves idle."))]
+
+
+def check_threads(threads: int | None) -> int | None:
+    """``--threads`` and ``MMSPEC_THREADS``, checked before any model loads (one line each when wrong)."""
+    import os
+
+    from mmspec_cli.models.threads import ENV, check_count
+
+    if os.environ.get(ENV, "").strip():
+        check_count(os.environ[ENV], ENV)
+    return None if threads is None else check_count(threads, "--threads")
 
 
 def flag_type(name: str, help_text: str | None = None) -> Any:
@@ -38,13 +52,13 @@ def flag_type(name: str, help_text: str | None = None) -> Any:
     return Annotated[spec.type | None, typer.Option(flag, metavar=spec.metavar, help=help_text or spec.help)]
 
 
-def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None) -> Callable:
-    """Give a command every decoding flag (and ``--drafter`` if ``drafter``); it receives ``overrides``.
-
-    ``help`` replaces a flag's help text for this command. The flags come after the command's own
-    parameters in ``--help``.
+def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None,
+                   exclude: tuple[str, ...] = ()) -> Callable:
+    """Give a command every decoding flag (and ``--drafter`` if ``drafter``) but ``exclude``; it receives
+    ``overrides``. ``help`` replaces a flag's help text for this command. The flags come after the
+    command's own parameters in ``--help``.
     """
-    names = [name for name in OVERRIDES if drafter or name != "drafter"]
+    names = [name for name in OVERRIDES if (drafter or name != "drafter") and name not in exclude]
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.errors import shorten
-from mmspec_cli.cli.options import ProfileName, check_writable
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, check_writable
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import load_profile
 
@@ -65,6 +65,7 @@ def profile_latency(
     plot: Annotated[Path | None, typer.Option(metavar="FILE.png", help=(
         "Draw the latency curves, in any format matplotlib writes (needs matplotlib)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    threads: Threads = None,
 ) -> None:
     """Measure T_p and T_q, check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench.
 
@@ -85,7 +86,7 @@ def profile_latency(
         raise InputError("profile-latency times the draft too; add a `draft:` section to the profile")
     if plot is not None:
         _check_plot(plot)
-    _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json)
+    _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json, check_threads(threads))
 
 
 def _gammas(gammas: str, gamma: str | None) -> tuple[str, str]:
@@ -125,7 +126,7 @@ def _require_matplotlib() -> None:
         raise InputError("--plot needs matplotlib; install it with `pip install 'mmspec[plot]'`") from None
 
 
-def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
+def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=None) -> None:
     """Measure, then show the results before anything that can still fail (the cache, the plot) can lose them."""
     from mmspec_cli.bench import latency
     from mmspec_cli.decoding.metrics import expected_speedup
@@ -134,6 +135,12 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
     target = load_model(profile.target, "target", multi_gpu_ok=True)
     draft = load_model(profile.draft, "draft")
     _check_lengths(target, draft, max(seqs) + max(gammas))
+    from mmspec_cli.models.threads import apply_threads, busy_warning
+
+    choice = apply_threads(threads, target.model)
+    warning = busy_warning(choice, target.model.device.type == "cpu")
+    if warning:
+        typer.echo(warning, err=True)
     timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
     result = latency.measure(target.model, draft.model, profile.target.model, profile.draft.model,
                              batches, seqs, gammas, timer, profile.target.revision, profile.draft.revision)
@@ -148,7 +155,8 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json) -> None:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
                                "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
-                               "expected_speedup": speedups, "tau": taus, "cache": path and str(path)}))
+                               "expected_speedup": speedups, "tau": taus, "cache": path and str(path),
+                               "threads": choice.as_dict()}))
     else:
         _print_tables(result, remarks, ratios, speedups, taus, batches[0], seqs[0], path)
     if plot is not None:

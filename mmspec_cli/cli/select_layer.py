@@ -15,11 +15,12 @@ import typer
 import yaml
 
 from mmspec_cli.cli.errors import shorten
-from mmspec_cli.cli.options import ProfileName, Questions, check_writable
+from mmspec_cli.cli.options import ProfileName, Questions, Threads, check_threads, check_writable, decoding_flags
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.profiles import Profile, load_profile, profile_to_dict
+from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile, profile_to_dict
 
 
+@decoding_flags(exclude=("ssd_layer",))  # it chooses the layer
 def select_layer(
     sources: Annotated[list[str] | None, typer.Argument(metavar="SOURCE|IMAGE", show_default=False, help=(
         "A JSONL manifest, a built-in suite (demo-single, ...) or a dataset id; or image files with -q."))] = None,
@@ -34,6 +35,9 @@ def select_layer(
     write: Annotated[str | None, typer.Option(metavar="PROFILE", help=(
         "Save a copy of the profile with ssd.layer set to the chosen layer."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    threads: Threads = None,
+    *,
+    overrides: dict,
 ) -> None:
     """Choose the draft depth of self-speculative drafting (ssd) on a calibration set (FastVLM App. A.4).
 
@@ -46,10 +50,11 @@ def select_layer(
     for flag, value in (("--limit", limit), ("--empirical", empirical), ("--max-layer", max_layer)):
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
-    chosen = load_profile(profile)
+    chosen = apply_overrides(load_profile(profile), **overrides)
+    threads = check_threads(threads)
     out_path = _check_write(write, chosen)
     samples = _samples(sources or [], question or [], limit)
-    result = _run(chosen, samples, lam, max_layer, empirical)
+    result = _run(chosen, samples, lam, max_layer, empirical, threads)
     failed = None
     if out_path is not None:
         try:
@@ -104,13 +109,16 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
 
 
 def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | None,
-         empirical: int | None) -> dict[str, Any]:
+         empirical: int | None, threads: int | None = None) -> dict[str, Any]:
     from mmspec_cli.selectlayer import calibration, reward as layer_select
     from mmspec_cli.api import ModelSet
     from mmspec_cli.drafters.ssd import layer_count
 
     unset = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=None))
     models = ModelSet.load(unset, ["ar"])  # this chooses ssd.layer: the profile's own (maybe stale) is not checked
+    from mmspec_cli.models.threads import apply_threads
+
+    choice = apply_threads(threads, models.target.model)
     total = layer_count(models.target.model)
     layers = layer_select.candidate_layers(total, max_layer)
     lam = layer_select.default_lambda(total) if lam is None else lam
@@ -118,7 +126,7 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
     reward = layer_select.rewards(calib.confidences, lam)
     by_reward = layer_select.choose_layer(reward)
     result: dict[str, Any] = {
-        "target": profile.target.model, "layers_total": total, "lambda": lam, "samples": calib.samples,
+        "target": profile.target.model, "threads": choice.as_dict(), "layers_total": total, "lambda": lam, "samples": calib.samples,
         "positions": calib.positions,
         "layers": [{"layer": layer, "confidence": calib.confidences[layer], "reward": reward[layer]}
                    for layer in layers],

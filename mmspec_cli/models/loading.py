@@ -6,7 +6,7 @@ repository is executed unless its profile entry says ``trust_remote_code: true``
 
 Before any weights load, a device the machine lacks is refused (:func:`check_device`), and
 a hub id is refused at once when the hub can't be reached and the model is not in the local
-Hugging Face cache (:func:`_hub_options`), instead of after half a minute of retries.
+Hugging Face cache (:func:`_hub_source`), instead of after half a minute of retries.
 """
 
 from __future__ import annotations
@@ -143,21 +143,24 @@ def _is_local(model: str) -> bool:
     return os.path.isdir(os.path.expanduser(model))
 
 
-def _hub_options(role: str, model: str, revision: str | None) -> dict[str, Any]:
-    """Extra ``from_pretrained`` options for ``model``, or a one-line refusal, decided before any download.
+def _hub_source(role: str, model: str, revision: str | None) -> str:
+    """What ``from_pretrained`` loads ``model`` from, or a one-line refusal, decided before any download.
 
-    Nothing for a folder, or for a hub id when the hub answers. When it can't (``HF_HUB_OFFLINE``
-    is set, or one quick probe of the endpoint fails), a model in the local Hugging Face cache loads
-    from there (``local_files_only``, so no request is retried); any other is refused now, rather
-    than after half a minute of retries and ten retry lines per file.
+    A folder, or a hub id when the hub answers: itself. When the hub can't be reached
+    (``HF_HUB_OFFLINE`` is set, or one quick probe of the endpoint fails), a model in the local
+    Hugging Face cache loads from its snapshot folder there, so no request is made at all (not even
+    the optional files transformers looks for, such as a PEFT adapter config, which it would retry
+    for half a minute); any other is refused now, rather than after those retries.
     """
     if _is_local(model) or not _is_hub_id(model):
-        return {}
+        return model
     offline = _offline()
     if not offline and hub_reachable():
-        return {}
+        return model
     if _in_hub_cache(model, revision):
-        return {"local_files_only": True}
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model, revision=revision, local_files_only=True)
     from huggingface_hub import constants
 
     why = ("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set" if offline
@@ -242,8 +245,8 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     name = model_location(spec.model)
     device = resolve_device(spec.device)
     check_device(device, role)
-    common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision,
-              **_hub_options(role, name, spec.revision)}
+    name = _hub_source(role, name, spec.revision)
+    common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
     try:
         config = AutoConfig.from_pretrained(name, **common)
     except OSError as exc:

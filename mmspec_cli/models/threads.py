@@ -92,3 +92,15 @@ def apply_threads(requested: int | None, model) -> ThreadChoice:
     if choice.count is not None:
         torch.set_num_threads(choice.count)
     return choice
+
+
+def busy_warning(choice: ThreadChoice, on_cpu: bool, load: float | None = None, cores: int | None = None) -> str | None:
+    """One ``warning:`` line when the machine is busier than the cores this process may use: CPU timings
+    taken then (``profile-latency``) say more about the other work than about the models."""
+    load = load_average() if load is None else load
+    cores = usable_cores() if cores is None else cores
+    if not on_cpu or load is None or load <= cores:
+        return None
+    return (f"warning: the load average is {load:.2f}, above the {cores} cores this process may use; the timings "
+            f"below are not trustworthy (other work competes for the CPU); measure on a quiet machine "
+            f"({choice.count or 'default'} threads used)")
