@@ -36,7 +36,7 @@ def run_job(checkout: Path, env_extra: dict[str, str]) -> tuple[float, float, di
     env.update(PYTHONPATH=str(checkout), **env_extra)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", "from mmspec_cli.cli.app import main; main()", *JOB],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+                          cwd=checkout, env=env, capture_output=True, text=True)  # -c puts the cwd first on sys.path
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"the job failed in {checkout}: {done.stderr.strip()[-500:]}")

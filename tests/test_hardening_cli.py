@@ -355,3 +355,13 @@ def test_the_probe_counts_any_answer_and_fails_fast_without_one(monkeypatch):
     start = time.monotonic()
     assert not loading.hub_reachable()  # nothing listens there now: refused
     assert time.monotonic() - start < 2
+
+
+def test_compare_counts_one_drafter_in_the_singular(tiny_dirs, tmp_path):
+    from tests.helpers import save_images, write_profile
+
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=3)
+    [image] = save_images(tmp_path, 1)
+    result = runner.invoke(app, ["compare", image, "-q", "what?", "--drafters", "ar", "--profile", profile])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0].endswith(", 1 drafter")

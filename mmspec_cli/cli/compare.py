@@ -247,7 +247,8 @@ TIMING_NOTE = ("τ = block efficiency (tokens per target call); drafters ran one
 
 def plain_report(outcome: Outcome) -> str:
     """Off a terminal: the same report as text without colours or boxes."""
-    lines = [f"profile {outcome.profile.name}, {len(outcome.generations)} drafters"]
+    n = len(outcome.generations)
+    lines = [f"profile {outcome.profile.name}, {n} drafter{'' if n == 1 else 's'}"]
     for i, q in enumerate(outcome.questions, start=1):
         lines.append(f"> turn {i}: {q}" if len(outcome.questions) > 1 else f"> {q}")
     for name, generation in outcome.generations.items():

@@ -24,7 +24,7 @@ from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.timing import Laps
-from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, split_rooted, unrooted
+from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, rooted_values, split_rooted, unrooted
 from mmspec_cli.decoding.verify import (Verdict, verify_any_tree_greedy, verify_any_tree_sampling, verify_greedy,
                                         verify_sampling, verify_tree_greedy, verify_tree_sampling)
 from mmspec_cli.models.prompts import ModelPrompt
@@ -96,7 +96,7 @@ class BlockStep:
         """
         verified = prompt.ids + generated
         self.target.hold(verified[:-1], vision=prompt.vision, prompt_len=min(len(prompt.ids), len(verified) - 1))
-        tokens, parents = [verified[-1]] + tree.tokens, rooted_parents(tree.topology)
+        tokens, parents = rooted_values(tree.tokens, verified[-1]), rooted_parents(tree.topology)
         logits = self.target.tree_logits(tokens, parents)  # (1 + n, V)
         if tree.scores is not None:
             accepted, next_token, followed = self._follow_dynamic(tree, tokens, parents, logits, picker)
@@ -125,7 +125,7 @@ class BlockStep:
         if picker.greedy:
             verdict = verify_any_tree_greedy(parents, tokens, logits)
         else:
-            verdict = verify_any_tree_sampling(parents, tokens, [0.0] + tree.scores, picker.distribution(logits),
+            verdict = verify_any_tree_sampling(parents, tokens, rooted_values(tree.scores), picker.distribution(logits),
                                                picker.generator)
         accepted = unrooted(verdict.rows)
         return accepted, verdict.next_token, tree.chain(tree.topology.extend(accepted, tree.scores))

@@ -174,6 +174,11 @@ def rooted(nodes: Sequence[int]) -> list[int]:
     return [0] + [node + 1 for node in nodes]
 
 
+def rooted_values(values: Sequence[float], root: float = 0.0) -> list[float]:
+    """Per-node ``values`` laid out as the target is fed them, ``[root] + nodes``."""
+    return [root] + list(values)
+
+
 def unrooted(rows: Sequence[int]) -> list[int]:
     """The nodes at fed indices ``rows`` (none of them the root's 0) of ``[root] + nodes``."""
     return [row - 1 for row in rows]
