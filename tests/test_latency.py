@@ -138,3 +138,12 @@ def test_plot_needs_matplotlib_or_draws_a_png(profile_file, tmp_path, monkeypatc
         assert not png.exists()
     else:
         assert result.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tables_off_a_terminal_ignore_a_narrow_columns(profile_file, tmp_path, monkeypatch):
+    """A GPU machine's $COLUMNS of ~15 broke every line of the tables; off a terminal they are 140 wide."""
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--batch", "1",
+                                      "--seq", "8", "--gammas", "1", "--repeat", "1"], env={"COLUMNS": "15"})
+    assert result.exit_code == 0, result.output
+    assert "Remark 2 (draft: T_q(B, S, 1) does not depend on S)" in result.stdout

@@ -8,6 +8,7 @@ for ``bench``.
 from __future__ import annotations
 
 import json
+import sys
 import statistics
 from pathlib import Path
 from typing import Annotated
@@ -178,7 +179,10 @@ def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> 
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from mmspec_cli.cli.display import is_terminal
+
+    # off a terminal rich would take its width from $COLUMNS (a GPU run's was about 15): tables as bench's
+    console = Console(file=sys.stdout, width=None if is_terminal(sys.stdout) else 140)
     console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}")
     console.print(_grid("T_p(1, S, γ) ms: one target verification of γ tokens", result.seqs,
                         {f"γ={g}": (lambda s, g=g: result.t_p(s, g)) for g in result.gammas}))
