@@ -185,3 +185,38 @@ def test_cli_tree_flags(tiny_dirs, tmp_path):
     assert result.exit_code == 0, result.stderr
     blocks = __import__("json").loads(result.stdout)["turns"][0]["blocks"]
     assert blocks[0]["tree"] and blocks[0]["draft"] in blocks[0]["tree"]
+
+
+
+def test_every_kept_node_scores_its_path_as_the_draft_alone_would(tiny_models):
+    """The tree is fed level by level through the draft's own cache: a node fed with the wrong ancestors
+    would score its path otherwise than the draft run as a plain chain over that path."""
+    from mmspec_cli.decoding.kv import CachedModel
+    from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+    from mmspec_cli.models.prompts import render_prompt
+
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    drafter = build_drafter("m", target, draft)
+    drafter.begin_turn(render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
+    tree = drafter.propose_dynamic_tree([], levels=4, budget=40, topk=3, picker=TokenPicker(SamplingParams()))
+    prompt = drafter.prompt
+    assert max(tree.topology.depths) >= 2  # nodes fed below other fed nodes exist
+    for node in range(len(tree.tokens)):
+        path = [tree.tokens[n] for n in tree.topology.path(node)]
+        alone = CachedModel(draft.model, "draft", draft.image_token_id)
+        logits = alone.logits(prompt.ids + path, keep=len(path) + 1, vision=prompt.vision,
+                              prompt_len=len(prompt.ids))  # (len + 1, V)
+        log_q = torch.log_softmax(logits[:-1].to(torch.float64), dim=-1)
+        expected = float(log_q[torch.arange(len(path)), torch.tensor(path)].sum())
+        assert abs(tree.scores[node] - expected) < 1e-8, (node, tree.topology.depths[node])
+    # keeping an accepted path leaves exactly its fed nodes in the draft's cache, in order
+    deepest = max(range(len(tree.tokens)), key=lambda n: tree.topology.depths[n])
+    path = tree.topology.path(deepest)
+    drafter.keep_path(path)
+    kept = drafter.runner.ids[len(prompt.ids):]
+    assert kept == [tree.tokens[n] for n in path[: len(kept)]] and len(kept) >= len(path) - 1
+    fresh = CachedModel(draft.model, "draft", draft.image_token_id)
+    ids = prompt.ids + kept
+    torch.testing.assert_close(drafter.runner.logits(ids, keep=1, vision=prompt.vision, prompt_len=len(prompt.ids)),
+                               fresh.logits(ids, keep=1, vision=prompt.vision, prompt_len=len(prompt.ids)),
+                               rtol=0, atol=1e-10)

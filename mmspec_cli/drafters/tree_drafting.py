@@ -109,7 +109,7 @@ class TreeDrafting:
             frontier = [first + i for i in best(child_scores, topk)]
             fed_parents = [fed.get(parents[node], ROOT) for node in frontier]
             proposals = self.tree_level([tokens[node] for node in frontier], fed_parents, picker)  # (k, V)
-            fed.update({node: len(fed) for node in frontier})
+            fed.update({node: len(fed) + i for i, node in enumerate(frontier)})  # numbered as the cache numbers them
             log_q = self.log_proposal(proposals, picker)
             frontier_scores = torch.tensor([scores[node] for node in frontier], dtype=torch.float64)
         self.tree_done()
