@@ -198,8 +198,9 @@ def test_a_lock_file_left_by_a_killed_run_is_taken_over(tmp_path):
 
 def test_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
     out = tmp_path / "interrupted.jsonl"
+    # 48 new tokens a turn (the profile says 6): on a loaded machine the run must not end before the signal lands
     args = ["bench", files["medium"], "--drafters", "ar,m", "--profile", files["profile"], "--out", str(out),
-            "--no-warmup", "--gamma", "3"]
+            "--no-warmup", "--gamma", "3", "--max-new-tokens", "48"]
     process = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=SUBPROCESS_ENV)
     wait_for_records(process, out, 1)
@@ -210,7 +211,7 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
     [line] = stderr.splitlines()
     saved = len(keys(out))
     assert 1 <= saved < 24, "the run finished before it could be interrupted"
-    command = shlex.join(["mmspec", *args[:-1], "3", "--resume"])
+    command = shlex.join(["mmspec", *args, "--resume"])  # the options in --help order, as typed here
     noun = "1 record is" if saved == 1 else f"{saved} records are"
     assert line == f"interrupted: {noun} saved in {out}; to continue, run: {command}"
 
