@@ -138,6 +138,12 @@ def test_a_failed_write_is_not_recorded_as_a_failed_sample(files, tmp_path, monk
 # --------------------------------------------------------------------------- 2. two writers of one file
 
 
+def interruptible() -> None:
+    """In the child: Ctrl-C's default. A shell starts background jobs with SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler, so a test run from such a job could not interrupt its child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_records(process: subprocess.Popen, out: Path, n: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
@@ -151,7 +157,8 @@ def test_a_second_writer_of_the_same_out_is_refused_naming_the_first(files, tmp_
     out = tmp_path / "shared.jsonl"
     args = ["bench", files["long"], "--drafters", "ar,m", "--out", str(out), "--profile", files["profile"],
             "--no-warmup", "--format", "json"]
-    first = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=SUBPROCESS_ENV)
+    first = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=SUBPROCESS_ENV,
+                             preexec_fn=interruptible)
     try:
         wait_for_records(first, out, 1)
         second = subprocess.run(CLI + args + ["--resume"], capture_output=True, text=True, timeout=120,
@@ -202,6 +209,7 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
     args = ["bench", files["medium"], "--drafters", "ar,m", "--profile", files["profile"], "--out", str(out),
             "--no-warmup", "--gamma", "3", "--max-new-tokens", "48"]
     process = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=interruptible,
                                env=SUBPROCESS_ENV)
     wait_for_records(process, out, 1)
     process.send_signal(signal.SIGINT)
