@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
+from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.rollback import crop_to
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
@@ -66,18 +67,33 @@ class CachedModel:
         self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
         self.tree: PendingTree | None = None  # a token tree fed after ``ids`` and not settled yet
+        self.features: FeatureTrack | None = None  # the model's own features at ``ids``, when a draft head reads them
+
+    def track_features(self) -> FeatureTrack:
+        """From now on keep the model's input embeddings and last hidden states of every cached position."""
+        if self.features is None:
+            self.reset()  # what is cached already was fed without them
+            self.features = FeatureTrack(self.model)
+        return self.features
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.ids = []
         self.vision = {}
         self.tree = None
+        if self.features is not None:
+            self.features.clear()
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` cached positions (a self-speculative drafter then extends them)."""
         self._drop_tree()
-        crop_to(self.cache, length)
+        self._crop(length)
         self.ids = self.ids[:length]
+
+    def _crop(self, length: int) -> None:
+        crop_to(self.cache, length)
+        if self.features is not None:
+            self.features.crop(length)
 
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
@@ -89,7 +105,7 @@ class CachedModel:
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
         held = common_prefix_length(self.ids, ids) == len(ids) and len(ids) > 0
         if held and (not images_end or same_tensors(self.vision, vision)):
-            crop_to(self.cache, len(ids))
+            self._crop(len(ids))
             self.ids = list(ids)
             return
         self.logits(ids, keep=1, vision=vision, prompt_len=prompt_len)
@@ -105,19 +121,26 @@ class CachedModel:
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True, logits_to_keep=0)
+        if self.features is not None:
+            self.features.hold_tree()
         return out.logits[0]  # (n, V)
 
     @torch.inference_mode()
     def keep_path(self, nodes: Sequence[int]) -> None:
         """Settle the tree: keep the entries of ``nodes`` (one path from the tree's top) after the held ids."""
         if self.tree is not None:
+            fed = [node for node in nodes if node < len(self.tree.parents)]
             self.ids = self.ids + self.tree.settle(self.cache, nodes)
             self.tree = None
+            if self.features is not None:
+                self.features.settle_tree(fed)
 
     def _drop_tree(self) -> None:
         if self.tree is not None:
             self.tree.drop(self.cache)
             self.tree = None
+            if self.features is not None:
+                self.features.drop_tree()
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None,
@@ -144,7 +167,7 @@ class CachedModel:
             self.reset()
             segments = [(0, prompt_len, vision or {}), (prompt_len, len(ids), {})]
         else:
-            crop_to(self.cache, reuse)
+            self._crop(reuse)
             segments = [(reuse, len(ids), {})]
         parts = [self._forward(ids[start:stop], images, wanted=min(stop - start, max(0, keep - (len(ids) - stop))))
                  for start, stop, images in segments if stop > start]
@@ -169,6 +192,8 @@ class CachedModel:
                 f"CUDA ran out of memory in the {self.role} model; set {self.role}.quantization: 4bit "
                 f"(or 8bit), a smaller dtype such as float16, or a shorter prompt"
             ) from exc
+        if self.features is not None:
+            self.features.extend()
         return out.logits[0, -wanted:] if wanted else None
 
 

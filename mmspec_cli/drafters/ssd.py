@@ -42,6 +42,7 @@ from transformers.cache_utils import Cache
 
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.parts import text_decoder
 from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.decoding.drafter import Draft, Drafter
 from mmspec_cli.decoding.kv import CachedModel
@@ -50,15 +51,6 @@ from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafting
-
-
-def text_decoder(model: Any) -> Any:
-    """The decoder stack (embeddings, layers, norm) of an image-text-to-text model."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if decoder is None or not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
-        raise ModelLoadError(f"self-speculative drafting needs a decoder with a `layers` list; "
-                             f"{type(model).__name__} has none; use another drafter")
-    return decoder
 
 
 def layer_count(model: Any) -> int:

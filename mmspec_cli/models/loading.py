@@ -170,6 +170,23 @@ def _hub_source(role: str, model: str, revision: str | None) -> str:
                          f"or pass a local path saved with save_pretrained as {role}.model")
 
 
+def hub_folder(role: str, model: str, revision: str | None, patterns: list[str]) -> str:
+    """A folder holding ``model``'s files matching ``patterns``, for what ``from_pretrained`` doesn't load
+    (draft heads): the same decision as :func:`_hub_source`, then the hub snapshot when it is a hub id."""
+    source = _hub_source(role, model, revision)
+    if _is_local(source):
+        return source
+    if not _is_hub_id(source):
+        raise ModelLoadError(f"{role}.model: '{model}' is neither an existing directory nor a hub id; check the path")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(source, revision=revision, allow_patterns=patterns)
+    except Exception as exc:  # network, auth, missing repo: the hub's own first line
+        raise ModelLoadError(f"{role}.model: could not download '{model}' ({_first_line(exc)}); "
+                             f"download it where there is network, or pass a local folder") from None
+
+
 def _is_hub_id(model: str) -> bool:
     from huggingface_hub.utils import validate_repo_id
 

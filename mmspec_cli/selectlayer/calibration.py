@@ -18,7 +18,7 @@ import torch
 
 from mmspec_cli.api import ModelSet
 from mmspec_cli.bench.samples import Sample, load_sample_images
-from mmspec_cli.drafters.ssd import text_decoder
+from mmspec_cli.models.parts import text_decoder
 from mmspec_cli.decoding.events import BlockVerified, Generation
 from mmspec_cli.selectlayer.reward import max_confidence_sums
 from mmspec_cli.decoding.metrics import RunStats, expected_speedup

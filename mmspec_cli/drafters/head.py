@@ -1,0 +1,159 @@
+"""Drafting with a trained head that reads the target's own features: ``eagle`` (EAGLE-2's head) and
+``vispec`` (ViSpec: the same head plus a vision adaptor and a global image feature).
+
+The head (:mod:`mmspec_cli.models.head`) keeps its own KV cache of the verified context, one entry
+per pair (f_p, e_{p+1}) of the target's last hidden state and the next input embedding. Each block:
+
+1. **Catch up.** The target's cache holds every verified token but the last, and its
+   :class:`~mmspec_cli.decoding.features.FeatureTrack` the features of those positions, read by a
+   forward hook during verification (the first block of a turn prefills the target first, as
+   ``ssd`` does, so the prompt's features exist before the first draft). The pairs not yet in the
+   head's cache are fed in ONE head forward; the last one's output h approximates the target's
+   hidden state at the last verified token.
+2. **Draft.** ``lm_head(h)`` (the TARGET's LM head) proposes the next token x; the pair (h, e_x)
+   is fed next, at the next position, and so on: a chain of γ, or a tree level by level
+   (EAGLE-2's dynamic tree when ``--tree dynamic``), each node fed with its parent's h.
+3. **Roll back.** Every drafted entry is cropped again: the next catch-up feeds the accepted
+   tokens with the target's true features instead.
+
+A head is not an ensemble row: it is a different network over a different cache, fed by the
+target's features, so ``tabed:mv`` is refused (:mod:`.registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from mmspec_cli.decoding.drafter import Draft, Drafter
+from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.decoding.tree import ROOT, PendingTree
+from mmspec_cli.drafters.single import proposal
+from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.prompts import ModelPrompt, process
+
+
+class HeadDrafter(TreeDrafting, Drafter):
+    """``eagle`` / ``vispec``: draft with ``head`` over the target's features and its LM head."""
+
+    def __init__(self, target: LoadedModel, head: DraftHead):
+        self.name = head.kind
+        self.target = target
+        self.head = head
+        self.lm_head = target.model.get_output_embeddings()
+        self.device = head.fc.weight.device
+        self.runner: CachedModel | None = None
+        self.prompt = ModelPrompt(ids=[])
+        self.prefilled = False
+        self._reset_head()
+
+    def _reset_head(self) -> None:
+        self.cache = DynamicCache(config=self.head.config)
+        self.entries = 0  # entries in the head's cache (compressed image tokens replace whole images)
+        self.pairs_done = 0  # pairs (f_p, e_{p+1}) fed so far: p < pairs_done
+        self.glob: torch.Tensor | None = None  # the latest image's global feature g (vispec)
+        self.last_h: torch.Tensor | None = None  # the head's output at the last fed pair
+
+    def bind_target(self, runner: CachedModel) -> None:
+        self.runner = runner
+        runner.track_features()
+
+    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+        self.prompt = process(self.target.processor, prompt_text, images)
+        self.prefilled = False
+
+    # ------------------------------------------------------------------ the verified context
+
+    @torch.inference_mode()
+    def _catch_up(self, generated: Sequence[int]) -> list[int]:
+        """Feed the head every verified pair it lacks; returns the verified ids."""
+        if self.runner is None:
+            raise RuntimeError("HeadDrafter needs bind_target(runner) before propose")
+        verified = self.prompt.ids + list(generated)
+        held = len(verified) - 1
+        self.runner.hold(verified[:held], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), held))
+        if not self.prefilled:  # a new turn: the head reads the whole prompt again
+            self._reset_head()
+            self.prefilled = True
+        track = self.runner.features
+        if len(track) != held:
+            raise RuntimeError(f"the target's features cover {len(track)} positions, {held} expected")
+        last = self.head.embed_tokens(torch.tensor([verified[-1]], device=self.device))  # (1, H)
+        embeds = torch.cat([self._here(track.embeds), last])  # (len, H): e_p, projector outputs at image slots
+        seq = head_sequence(self.head, verified, self._here(track.hidden), embeds, self.pairs_done,
+                            self.target.image_token_id, len(self.prompt.ids), self.glob)
+        if len(seq.positions):
+            out = self._forward(seq.inputs, torch.tensor([seq.positions], device=self.device),
+                                causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
+            self.entries += len(seq.positions)
+            self.last_h = out[-1]
+        self.pairs_done, self.glob = held, seq.glob
+        return verified
+
+    def _here(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows.to(device=self.device, dtype=self.head.fc.weight.dtype)
+
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(n, H) layer inputs -> (n, H) outputs, appended to the head's cache."""
+        return self.head.body(inputs[None], positions, mask, self.cache)[0]
+
+    def _fuse(self, tokens: Sequence[int], parents_h: torch.Tensor) -> torch.Tensor:
+        """Layer inputs (n, H) of drafted tokens, each fed with its parent's output as its feature."""
+        embeds = self.head.embed_tokens(torch.tensor(list(tokens), device=self.device))
+        return self.head.fuse(embeds, parents_h, None if self.glob is None else self.glob[None])
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+    # ------------------------------------------------------------------ chains
+
+    @torch.inference_mode()
+    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+        verified = self._catch_up(generated)
+        base, position = self.entries, len(verified) - 1
+        h = self.last_h
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for step in range(gamma):
+            token, probs = picker.choose(self._logits(h))
+            tokens.append(token)
+            if probs is not None:
+                dists.append(probs)
+            if step == gamma - 1:
+                break
+            seen = base + step
+            h = self._forward(self._fuse([token], h[None]), torch.tensor([[position + step]], device=self.device),
+                              causal_mask(1, seen, h.dtype, self.device))[-1]
+        crop_to(self.cache, base)  # drafted entries go: the next catch-up feeds the target's features
+        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+
+    # ------------------------------------------------------------------ trees (tree_drafting)
+
+    @torch.inference_mode()
+    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        verified = self._catch_up(generated)
+        self._tree = PendingTree(base=self.entries)
+        self._shift = len(verified) - 1 - self.entries  # a node's position: the last verified token's + its depth
+        self._outputs: list[torch.Tensor] = []
+        return proposal(self._logits(self.last_h), picker)  # (V,)
+
+    @torch.inference_mode()
+    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """ONE head forward of the level's nodes, each fed with its parent's output and seeing its own branch."""
+        parents_h = torch.stack([self.last_h if p == ROOT else self._outputs[p] for p in parents])  # (n, H)
+        nodes = self._tree.add(tokens, parents)
+        mask, positions = self._tree.inputs(nodes, parents_h.dtype, self.device)  # (1, 1, n, seen), (1, n)
+        out = self._forward(self._fuse(tokens, parents_h), positions + self._shift, mask)  # (n, H)
+        self._outputs.extend(out)
+        return proposal(self._logits(out), picker)  # (n, V)
+
+    def tree_done(self) -> None:
+        self._tree.drop(self.cache)
+        self._outputs = []

@@ -1,0 +1,173 @@
+"""Draft heads on disk: one loader for local folders, hub ids and shipped heads (``mmspec:NAME``), strict.
+
+The layout is that of ViSpec's published heads: ``config.json`` with Llama-style keys
+(hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, vocab_size,
+rms_norm_eps, max_position_embeddings, rope settings) and ``model.safetensors`` (or
+``pytorch_model.bin``) with the tensors of :class:`~mmspec_cli.models.head.DraftHead`: 17 for a
+LLaVA vispec head, 11 for an eagle head. Every tensor must be used and none may be missing.
+
+Heads trained by mmspec add an ``mmspec`` block to ``config.json``: the kind, num_q and the target
+they were trained for. Published heads have none: their kind follows from their tensors
+(``imadpt`` and ``img_fc`` make a vispec head) and num_q from ``imadpt.q`` (2 when absent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig
+
+from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
+from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
+from mmspec_cli.models.prompts import shorten
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head for another target differs here
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """What ``config.json`` says about a head: its layer config, kind, num_q and target (None when unknown)."""
+
+    config: LlamaConfig
+    kind: str | None
+    num_q: int | None
+    target: str | None
+
+
+def head_dir(model: str, revision: str | None = None) -> Path:
+    """The folder holding a head: ``mmspec:NAME`` -> shipped, a folder -> itself, a hub id -> its snapshot."""
+    location = model_location(model)
+    folder = Path(location)
+    if folder.is_dir():
+        return folder
+    return Path(hub_folder("head", location, revision, patterns=["config.json", *WEIGHT_FILES]))
+
+
+def read_info(folder: Path, shown: str) -> HeadInfo:
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"head.model: {shown} has no config.json; a head folder holds config.json and "
+                             f"model.safetensors (as `mmspec train-head` writes them)") from None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"head.model: {shown}/config.json can't be read ({exc})") from None
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), int) for k in CHECKED_SHAPE):
+        raise ModelLoadError(f"head.model: {shown}/config.json lacks integer {', '.join(CHECKED_SHAPE)}; "
+                             f"it is not a draft head's config")
+    if raw.get("qkv_bias"):
+        raise ModelLoadError(f"head.model: {shown} is a Qwen-shaped head (qkv_bias); mmspec runs heads for "
+                             f"Llama-shaped targets (LLaVA-1.5, LLaVA-1.6 vicuna)")
+    meta = raw.pop("mmspec", None) or {}
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version")}
+    fields["num_hidden_layers"] = 1
+    return HeadInfo(LlamaConfig(**fields), meta.get("kind"), meta.get("num_q"), meta.get("target"))
+
+
+def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: one line, whatever the reader raised
+            raise ModelLoadError(f"head.model: {shown}/{name} can't be read ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    raise ModelLoadError(f"head.model: {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def infer_kind(weights: dict[str, torch.Tensor]) -> str:
+    return "vispec" if any(k.startswith(("imadpt.", "img_fc.")) for k in weights) else "eagle"
+
+
+def target_shape(target: LoadedModel) -> dict[str, int]:
+    text = getattr(target.model.config, "text_config", None) or target.model.config
+    return {"hidden_size": text.hidden_size, "vocab_size": target.vocab_size,
+            "num_attention_heads": text.num_attention_heads}
+
+
+def check_fits(info: HeadInfo, target: LoadedModel, shown: str) -> None:
+    """A head trained for another target is refused in one line naming both shapes."""
+    wanted = target_shape(target)
+    have = {k: getattr(info.config, k) for k in CHECKED_SHAPE}
+    if have != wanted:
+        diff = ", ".join(f"{k} {have[k]} vs {wanted[k]}" for k in CHECKED_SHAPE if have[k] != wanted[k])
+        raise ModelLoadError(f"head {shown} was trained for another target ({diff} in {shorten(target.name)}); "
+                             f"train one for this target with `mmspec train-head`")
+
+
+def check_tensors(head: DraftHead, weights: dict[str, torch.Tensor], shown: str) -> None:
+    """Every tensor of the head present with its shape, and no other: one line naming the first fault."""
+    wanted = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    missing = [k for k in wanted if k not in weights]
+    extra = [k for k in weights if k not in wanted]
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
+                ([f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra else [])
+        raise ModelLoadError(f"head {shown} doesn't have the tensors of a {head.kind} head "
+                             f"({len(wanted)} expected): {'; '.join(parts)}")
+    for key, shape in wanted.items():
+        if tuple(weights[key].shape) != shape:
+            raise ModelLoadError(f"head {shown}: {key} has shape {tuple(weights[key].shape)}, expected {shape} "
+                                 f"from its config.json")
+
+
+def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedModel,
+              revision: str | None = None) -> DraftHead:
+    """Load a head for ``target``; ``kind``/``num_q`` from the profile (None: from the checkpoint)."""
+    shown = shorten(model)
+    folder = head_dir(model, revision)
+    info = read_info(folder, shown)
+    check_fits(info, target, shown)
+    weights = read_weights(folder, shown)
+    found = info.kind or infer_kind(weights)
+    if kind is not None and kind != found:
+        raise ModelLoadError(f"head {shown} is a {found} head but the profile says kind: {kind}; "
+                             f"set head kind: {found} or name a {kind} head")
+    if "imadpt.q" in weights:
+        stored = int(weights["imadpt.q"].shape[0])
+        if num_q is not None and num_q != stored:
+            raise ModelLoadError(f"head {shown} was trained with num_q {stored}, the profile says {num_q}; "
+                                 f"drop num_q or set it to {stored}")
+        num_q = stored
+    head = DraftHead(info.config, found, num_q or info.num_q or DEFAULT_NUM_Q)
+    check_tensors(head, weights, shown)
+    head.load_state_dict(weights, strict=True)
+    lm_head = target.model.get_output_embeddings().weight
+    return head.to(device=lm_head.device, dtype=lm_head.dtype).eval()
+
+
+def head_config(target: LoadedModel) -> LlamaConfig:
+    """The layer config of a new head for ``target``: the target's text config, one layer."""
+    text = getattr(target.model.config, "text_config", None) or target.model.config
+    fields = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "model_type")}
+    fields.update(num_hidden_layers=1, vocab_size=target.vocab_size)
+    return LlamaConfig(**fields)
+
+
+def save_head(head: DraftHead, folder: Path, target: str, dtype: torch.dtype = torch.float16,
+              extra: dict[str, Any] | None = None) -> None:
+    """Write ``config.json`` (Llama keys + an ``mmspec`` block) and ``model.safetensors`` in ``dtype``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    for key in ("architectures", "_attn_implementation_autoset", "dtype", "torch_dtype"):
+        config.pop(key, None)
+    config["mmspec"] = {"kind": head.kind, "num_q": head.num_q, "target": target, **(extra or {})}
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(state, str(tmp))
+    tmp.replace(folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
