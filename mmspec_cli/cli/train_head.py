@@ -89,6 +89,8 @@ def train_head(
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
                                           seed=seed))
     report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
+    if report["process"] != 0:  # under accelerate launch the main process reports
+        return
     typer.echo(json.dumps(report) if as_json else _summary(report, kind, chosen.target.model, folder))
 
 

@@ -17,7 +17,6 @@ answers the prompts and measures, the others wait.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,10 +26,11 @@ from typing import Any
 
 import torch
 
+from mmspec_cli.bench.records import OutLock
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
 from mmspec_cli.models.head_files import head_config, load_head, save_head
-from mmspec_cli.models.loading import LoadedModel, load_model
+from mmspec_cli.models.loading import LoadedModel, load_model, resolve_device
 from mmspec_cli.models.profiles import Profile
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.training import acceptance
@@ -39,7 +39,7 @@ from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoi
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
 from mmspec_cli.training.progress import Phase, TrainingNotes
 from mmspec_cli.training.sequences import SequenceStore, Turn, trainable
-from mmspec_cli.training.trainer import TrainConfig, copy_embeddings, train
+from mmspec_cli.training.trainer import TrainConfig, copy_embeddings, make_accelerator, train
 
 DEFAULT_EPOCHS = 20  # ViSpec
 DEFAULT_LR = 3e-5  # ViSpec's training script; tiny heads (the demo's) want about 1e-3
@@ -93,39 +93,15 @@ def check_out(out: Path) -> None:
         raise InputError(f"--out {shown} can't be written ({exc.strerror or exc}); pick another folder") from None
 
 
-def _launched() -> bool:
-    """Whether this process is one of several (``accelerate launch``, ``torchrun``)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1
-    except ValueError:
-        return False
-
-
-def _load_target(profile: Profile) -> LoadedModel:
+def _load_target(profile: Profile, accelerator: Any) -> LoadedModel:
     spec = profile.target
-    if _launched():
-        from accelerate import PartialState
-
-        spec = replace(spec, device=str(PartialState().device))  # one copy per process, on its own device
+    if accelerator.num_processes > 1:  # one copy per process, on its own device
+        device = accelerator.device
+        spec = replace(spec, device="cpu" if device.type == "cpu" else str(device))
     target = load_model(spec, "target")
     for param in target.model.parameters():
         param.requires_grad_(False)
     return target
-
-
-def _barrier() -> None:
-    if _launched():
-        from accelerate import PartialState
-
-        PartialState().wait_for_everyone()
-
-
-def _is_main() -> bool:
-    if not _launched():
-        return True
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
 
 
 def _stderr(line: str) -> None:
@@ -141,8 +117,22 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     chooses its CPU threads there); ``on_step(step, total, pass_stats)`` after each step.
     """
     s = settings
-    target_name = profile.target.model
     check_out(s.out)
+    answers_file = s.answers_file or answers_path(s.out)
+    # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on a CPU too
+    accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
+    lock = OutLock.acquire(answers_file) if accelerator.is_main_process else None  # one run per answers file
+    try:
+        return _train_head(profile, s, answers_file, accelerator, log, progress, on_target, on_step)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, accelerator: Any, log: Callable[[str], None],
+                progress: bool | None, on_target: Callable[[LoadedModel], Any] | None,
+                on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
+    target_name = profile.target.model
     resume = check_start(s.out, s.resume, s.kind, target_name)
     found = conversations(s.source, s.limit)
     if s.evaluate is not None:
@@ -151,18 +141,18 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
         held_out = min(MAX_HELD_OUT, len(found) // 10) if s.held_out is None else s.held_out
         training, held = split_held_out(found, held_out)
     clock = time.perf_counter()
-    target = _load_target(profile)
+    target = _load_target(profile, accelerator)
+    main = accelerator.is_main_process
     if on_target is not None:
         on_target(target)
     max_new = s.eval_max_new_tokens or profile.decoding.max_new_tokens
 
-    answers_file = s.answers_file or answers_path(s.out)
     turns_total = sum(len(c.turns) for c in training)
-    if _is_main():
+    if main:
         with Phase("answers", turns_total, enabled=progress, log=log) as phase:
             records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
-    _barrier()
-    if not _is_main():
+    accelerator.wait_for_everyone()
+    if not main:
         records = generate_answers(target, target_name, training, answers_file, s.answers)  # reads them back
     answers_s = time.perf_counter() - clock
     failed = [r for r in records if r.error is not None]
@@ -189,7 +179,7 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     head.to(device=target.model.get_output_embeddings().weight.device)
     identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store)}
     keep: dict[str, Any] = {}
-    if s.measure_before and held and resume is None and _is_main():
+    if s.measure_before and held and resume is None and main:
         keep["before"] = acceptance.measure(target, head.eval(), held, max_new).as_dict()
         log(f"acceptance before training: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
             f"conversations (γ = 5, greedy)")
@@ -202,16 +192,18 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
             if on_step is not None:
                 on_step(step, total, stats)
 
-        result = train(head, target, store, config, s.out, identity, resume, keep, on_step=step_done)
+        result = train(head, target, store, config, s.out, identity, resume, keep, on_step=step_done,
+                       accelerator=accelerator)
     report: dict[str, Any] = {
-        "source": s.source, "conversations": len(training), "turns": len(records), "skipped": len(failed),
+        "process": accelerator.process_index, "processes": accelerator.num_processes, "source": s.source,
+        "conversations": len(training), "turns": len(records), "skipped": len(failed),
         "sequences": len(store), "steps": steps, "epochs": round(steps * s.batch_size / len(store), 2),
         "batch_size": s.batch_size, "lr": s.lr, "mtp": s.mtp, "loss": s.loss, "noise": s.noise, "seed": s.seed,
         "answers": {k: v for k, v in asdict(s.answers).items()},
         "final": result.tail(),
         "seconds": {"answers": round(answers_s, 1), "training": round(result.seconds, 1)},
     }
-    if _is_main():
+    if main:
         extra = {"training": report}
         save_head(head, s.out, target_name, dtype=torch.float16, extra=extra)
         if held:
@@ -224,5 +216,5 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
             save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report})
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
-    _barrier()
+    accelerator.wait_for_everyone()
     return report

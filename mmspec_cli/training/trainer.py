@@ -98,15 +98,16 @@ def make_accelerator(on_cpu: bool, unused_parameters: bool):
 
 def train(head: DraftHead, target: LoadedModel, store: SequenceStore, config: TrainConfig, out: Path,
           identity: dict[str, Any], resume: dict[str, Any] | None = None, keep: dict | None = None,
-          on_step: Callable[[int, int, list[dict]], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, int, list[dict]], None] | None = None, accelerator: Any = None) -> TrainResult:
     """Train ``head`` in place for ``config.steps`` optimizer steps (from a checkpoint's step when ``resume``).
 
     ``identity`` (kind, num_q, target) goes into every checkpoint with ``keep`` (the caller's own
-    values, e.g. the acceptance before training); ``on_step(step, total, pass_stats)`` after each step.
+    values, e.g. the acceptance before training); ``on_step(step, total, pass_stats)`` after each step;
+    ``accelerator`` the run's (None: made here).
     """
     lm_head = target.model.get_output_embeddings()
     device = lm_head.weight.device
-    accelerator = make_accelerator(device.type == "cpu", head.kind == "vispec")
+    accelerator = accelerator or make_accelerator(device.type == "cpu", head.kind == "vispec")
     head.to(device=device, dtype=torch.float32).train()
     objective = HeadObjective(head, lm_head, target.image_token_id, loss_function(config.loss), config.passes,
                               config.noise)
