@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.drafters.head import HeadDrafter
-from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence
+from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence, image_runs
 from mmspec_cli.models.head_files import head_config, load_head
 from mmspec_cli.models.profiles import load_profile
 from mmspec_cli.training import losses
@@ -131,9 +131,11 @@ def settings(out: Path, **kw) -> TrainHeadSettings:
 # --------------------------------------------------------------------------- the passes simulate drafting
 
 
-def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_path):
+@pytest.mark.parametrize("passes", [3, 12])
+def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_path, passes):
     """Pass k's loss at pair q equals the loss of drafting from a context of pairs ≤ q − k, token by token,
-    through the head's KV cache as the drafter does (float64, no noise)."""
+    through the head's KV cache as the drafter does (float64, no noise). With 12 passes the deepest chains
+    would start inside the prompt's image: those are not drafted (drafting starts after the prompt)."""
     target = tiny_models["target"]
     torch.manual_seed(0)
     head = DraftHead(head_config(target), "vispec").double().eval()
@@ -143,14 +145,15 @@ def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_pat
     seq = read_sequence(target, Turn(conversation(0), records[0]))
     seq = type(seq)(seq.ids, seq.prompt_len, seq.embeds.double(), seq.hidden.double())
     lm_head = target.model.get_output_embeddings()
-    objective = HeadObjective(head, lm_head, target.image_token_id, losses.vispec_loss, passes=3, noise=0.0)
+    objective = HeadObjective(head, lm_head, target.image_token_id, losses.vispec_loss, passes=passes, noise=0.0)
     with torch.no_grad():
         _, stats = objective([seq])
     f, e, ids, P = seq.hidden[:-1], seq.embeds, seq.ids, seq.prompt_len
     lo, hi = P - 2, len(ids) - 3
-    for k in range(3):
+    images_end = max(t for _, t in image_runs(ids, target.image_token_id, P))
+    for k in range(passes):
         per_q = []
-        for q in range(lo, hi + 1):
+        for q in range(max(lo, images_end + k), hi + 1):  # drafted from a text pair after the image
             with torch.no_grad():
                 cache = DynamicCache(config=head.config)
                 ctx = head_sequence(head, ids[:q - k + 2], f[:q - k + 1], e[:q - k + 2], 0, target.image_token_id,
@@ -164,6 +167,9 @@ def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_pat
                     h = head.body(x[None], torch.tensor([[p]]), causal_mask(1, seen, torch.float64, "cpu"), cache)[0, -1]
                     seen += 1
                 per_q.append(losses.vispec_loss(lm_head(h[None]), lm_head(seq.hidden[q + 1][None])).item())
+        if not per_q:
+            assert len(stats) == k
+            break
         assert stats[k]["positions"] == len(per_q)
         assert stats[k]["loss"] == pytest.approx(sum(per_q) / len(per_q), rel=1e-9, abs=1e-9), k
 

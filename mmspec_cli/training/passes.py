@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from mmspec_cli.models.head import DraftHead, head_sequence
+from mmspec_cli.models.head import DraftHead, head_sequence, image_runs
 from mmspec_cli.training.losses import top1_agreement, uniform_noise
 from mmspec_cli.training.sequences import TargetSequence
 
@@ -49,6 +49,8 @@ class _Item:
     target_logits: torch.Tensor  # (hi − lo + 1, V): the target's logits at pairs lo+1 .. hi+1
     inputs0: torch.Tensor  # (n, H) the pass-0 layer inputs
     positions0: list[int]
+    glob: torch.Tensor | None  # vispec: the global feature after the last image (what every answer pair gets)
+    images_end: int  # vispec: pairs from here on follow every image run (0 for eagle, whose image pairs are pairs)
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -85,8 +87,9 @@ class HeadObjective(nn.Module):
         with torch.no_grad():
             rows = seq.hidden[lo + 1:hi + 2].to(self.lm_head.weight.device, self.lm_head.weight.dtype)
             target_logits = self.lm_head(rows)
+        runs = image_runs(seq.ids, self.image_token_id, seq.prompt_len) if head.sees_images else []
         return _Item(seq, f, e, layout.pairs, layout.predicts, {p: i for i, p in enumerate(layout.pairs)}, lo, hi,
-                     target_logits, layout.inputs, layout.positions)
+                     target_logits, layout.inputs, layout.positions, layout.glob, max((t for _, t in runs), default=0))
 
     def forward(self, batch: Sequence[TargetSequence], generator: torch.Generator | None = None):
         """(loss, stats): the mean of the passes' losses; stats per pass: loss, top-1 agreement, positions."""
@@ -118,12 +121,13 @@ class HeadObjective(nn.Module):
         losses, stats = [], []
         self._score(items, out, slot_pairs[0], [[i for i, t in enumerate(it.text) if t] for it in items], losses, stats)
         for k in range(1, self.passes):
-            # pass k: text pairs p whose pair p − 1 holds a text entry of pass k − 1
+            # pass k: text pairs p whose pair p − 1 holds a text entry of pass k − 1, after the last image (a
+            # chain that began before an image never reaches a scored pair: drafting never crosses an image)
             queries: list[list[int]] = []
             for b, it in enumerate(items):
                 lowest = it.lo - (self.passes - 1 - k)  # entries below this feed no scored entry
                 prev = slot_of[k - 1][b]
-                queries.append([p + 1 for p in prev if p + 1 <= it.hi and p + 1 >= lowest
+                queries.append([p + 1 for p in prev if p + 1 <= it.hi and p + 1 >= lowest and p + 1 >= it.images_end
                                 and it.text[it.entry_of[p]] and p + 1 in it.entry_of and it.text[it.entry_of[p + 1]]])
             m = max((len(q) for q in queries), default=0)
             if m == 0:
@@ -137,13 +141,8 @@ class HeadObjective(nn.Module):
                 if not q:
                     allowed[b, :, 0] = True
                     continue
-                prev_slots = torch.tensor([slot_of[k - 1][b][p - 1] for p in q], device=device)
-                features = it.features.clone()
-                features[torch.tensor(q, device=device)] = out[b, prev_slots]
-                layout = head_sequence(head, it.seq.ids, features, it.embeds, 0, self.image_token_id, it.seq.prompt_len)
-                rows = torch.tensor([it.entry_of[p] for p in q], device=device)
-                x[b, :len(q)] = layout.inputs[rows]
-                positions[b, :len(q)] = torch.tensor([layout.positions[i] for i in rows.tolist()], device=device)
+                x[b, :len(q)] = self._inputs(it, q, out[b, [slot_of[k - 1][b][p - 1] for p in q]])
+                positions[b, :len(q)] = torch.tensor(q, device=device)  # a text pair's position is its own
                 qt = torch.tensor(q, device=device)[:, None]
                 pairs0 = torch.tensor(slot_pairs[0][b], device=device)[None, :]
                 allowed[b, :len(q), :len(slot_pairs[0][b])] = pairs0 <= qt - k  # the verified context
@@ -161,6 +160,11 @@ class HeadObjective(nn.Module):
             self._score(items, out, queries, [list(range(len(q))) for q in queries], losses, stats)
         loss = torch.stack(losses).mean()
         return loss, stats
+
+    def _inputs(self, it: _Item, pairs: list[int], features: torch.Tensor) -> torch.Tensor:
+        """Layer inputs of text ``pairs`` (all after the last image) fed ``features``: fuse(e_{p+1}, f, g)."""
+        index = torch.tensor(pairs, device=features.device)
+        return self.head.fuse(it.embeds[index + 1], features, None if it.glob is None else it.glob[None])
 
     def _score(self, items: list[_Item], out: torch.Tensor, pairs: list[list[int]], slots: list[list[int]],
                losses: list[torch.Tensor], stats: list[dict]) -> None:
