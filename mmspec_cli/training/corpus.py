@@ -18,7 +18,7 @@ from mmspec_cli.bench.sources import resolve
 from mmspec_cli.errors import InputError
 
 DEMO_TRAIN = "demo-train"
-DEMO_TRAIN_SIZE = 4000  # samples of demo-train (--limit N takes the first N)
+DEMO_TRAIN_SIZE = 2000  # samples of demo-train when --limit is not given
 DEMO_TRAIN_SEED = 1  # the corpus seed (the demo target was trained on corpus seed 0)
 #: The families of demo-train and their weights: the four the held-out suites measure, no captions.
 DEMO_TRAIN_WEIGHTS = {"single": 30, "pair": 25, "story": 20, "followup": 25}
@@ -39,24 +39,22 @@ def from_sample(sample: Sample) -> Conversation:
     return Conversation(sample.id, tuple(sample.turns), tuple(sample.history), lambda: load_sample_images(sample))
 
 
-def demo_training(n: int | None = None, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:
-    """The first ``n`` of the :data:`DEMO_TRAIN_SIZE` demo training samples (so a shorter run's samples are a
-    prefix of a longer run's, and their answers are shared), in the held-out suites' format: the last
-    turn is asked, earlier turns (a follow-up's first) are history with their reference answers, as
-    ``bench``'s ``demo-followup``."""
+def demo_training(n: int, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:
+    """``n`` demo training samples in the held-out suites' format: the last turn is asked, earlier turns
+    (a follow-up's first) are history with their reference answers, as ``bench``'s ``demo-followup``."""
     from mmspec_cli.demo import scenes, tasks
 
     def images(sample: tasks.Sample) -> Callable[[], list[Any]]:
         return lambda: [scenes.render(scene, scenes.DISPLAY_SIZE) for scene in sample.images]
 
     return [Conversation(f"train-{s.family}-{s.seed}", (s.questions[-1],), tuple(s.turns[:-1]), images(s))
-            for s in tasks.training_corpus(DEMO_TRAIN_SIZE, seed=seed, weights=DEMO_TRAIN_WEIGHTS)[:n]]
+            for s in tasks.training_corpus(n, seed=seed, weights=DEMO_TRAIN_WEIGHTS)]
 
 
 def conversations(source: str, limit: int | None = None) -> list[Conversation]:
     """The conversations SOURCE names (the first ``limit``); refuses an empty source in one line."""
     if source == DEMO_TRAIN:
-        found = demo_training(limit)
+        found = demo_training(DEMO_TRAIN_SIZE if limit is None else limit)
     else:
         found = [from_sample(s) for s in resolve(source, limit)]
     if not found:
