@@ -10,6 +10,10 @@ from __future__ import annotations
 #: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
 MEMBER_LETTERS = ("m", "t", "c", "p")
 
+#: Draft heads that read the target's own features (``drafters/head.py``): a head is its own drafter, never an
+#: ensemble member. The drafter name is the head's kind.
+HEAD_KINDS = ("eagle", "vispec")
+
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)

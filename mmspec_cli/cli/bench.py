@@ -120,6 +120,10 @@ def check_profile_fits(names: list[str], profile: Profile) -> None:
             require_captioner(plan, profile.captioner is not None)
             if plan.self_speculative:
                 require_layer(profile.ssd.layer)
+            if plan.head is not None:
+                from mmspec_cli.api import head_spec
+
+                head_spec(profile, plan.head)  # the profile names a head of that kind
         if needs_draft and profile.draft is None:
             raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
                              f"or use --drafters ar")
@@ -168,6 +172,9 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                                                       "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
     if "ssd" in names:
         drafting["ssd"] = plain["ssd"]
+    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
+    if heads and set(names) & {"eagle", "vispec"}:  # only when used, so older files stay resumable
+        drafting["head"] = heads
     ensemble = json.dumps(drafting, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
