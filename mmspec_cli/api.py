@@ -21,6 +21,7 @@ from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
+from mmspec_cli.models.imitation import load_imitation
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
@@ -36,6 +37,7 @@ class ModelSet:
     draft: LoadedModel | None = None
     captioner: Captioner | None = None
     heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec)
+    imitation: Any = None  # FastVLM's imitation network for ssd.layer, when ssd.imitation names one
 
     @classmethod
     def load(cls, profile: Profile, drafters: Sequence[str]) -> "ModelSet":
@@ -53,6 +55,8 @@ class ModelSet:
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         if profile.ssd.layer is not None:  # a layer the target lacks is a mistake even when no ssd drafter runs
             check_layer(profile.ssd.layer, layer_count(models.target.model))
+        if profile.ssd.imitation is not None and any(p.name == "ssd" for p in plans):
+            models.imitation = load_imitation(profile.ssd.imitation, profile.ssd.layer, models.target)
         if any(p.needs_draft for p in plans) and profile.draft is not None:
             warn_if_self_draft(profile)
             models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
@@ -76,7 +80,8 @@ class ModelSet:
             build_drafter(drafter, self.target, self.draft, ensemble=profile.ensemble,
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
                           captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer,
-                          head=self.heads.get(drafter)),
+                          head=self.heads.get(drafter),
+                          imitation=self.imitation if layer == profile.ssd.layer else None),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),

@@ -14,6 +14,9 @@ MEMBER_LETTERS = ("m", "t", "c", "p")
 #: ensemble member. The drafter name is the head's kind.
 HEAD_KINDS = ("eagle", "vispec")
 
+#: ``ssd`` without the profile's imitation network (FastVLM's "draft without imitation"), to compare both in one run.
+SSD_PLAIN = "ssd:plain"
+
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)

@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, decoding_flags
-from mmspec_cli.choices import HEAD_KINDS
+from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -171,7 +171,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     if decoding.tree is not None:  # only when set, so older files stay resumable
         drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
                                                       "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
-    if "ssd" in names:
+    if {"ssd", SSD_PLAIN} & set(names):
         drafting["ssd"] = plain["ssd"]
     heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
     if heads and set(names) & {"eagle", "vispec"}:  # only when used, so older files stay resumable

@@ -4,7 +4,8 @@ Names: ``ar``; single methods ``m``, ``t``, ``c``, ``p``; static ensembles, any 
 of those letters without repeats (``mt``, ``mtc``, ``mtcp``, ...; IbED Alg. 1, equal
 weights); ``tabed`` (members from the profile's ``ensemble.members``, default ``[m, t]``)
 and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``); ``ssd``, self-speculative
-drafting with the target's first ``ssd.layer`` layers (FastVLM), which is never an ensemble member;
+drafting with the target's first ``ssd.layer`` layers (FastVLM), through the profile's imitation network
+when ``ssd.imitation`` names one (``ssd:plain``: never), which is never an ensemble member;
 ``eagle`` and ``vispec``, a trained draft head over the target's features (the profile's ``head:``),
 never ensemble members either.
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS
+from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
@@ -75,7 +76,7 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
                          f"run it beside the drafters with `mmspec bench SOURCE --drafters ar,{name}`")
     if name == "ar":
         return DrafterPlan(name, (), adaptive=False)
-    if name == "ssd":
+    if name in ("ssd", SSD_PLAIN):
         return DrafterPlan(name, (), adaptive=False, self_speculative=True)
     if name in HEAD_KINDS:
         return DrafterPlan(name, (), adaptive=False, head=name)
@@ -125,11 +126,13 @@ def build_drafter(
     seed: int = 0,
     ssd_layer: int | None = None,
     head=None,
+    imitation=None,
 ) -> Drafter:
-    """The drafter ``name`` over the loaded models; ``head`` is the loaded draft head for ``eagle``/``vispec``."""
+    """The drafter ``name`` over the loaded models; ``head`` is the loaded draft head for ``eagle``/``vispec``,
+    ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does)."""
     plan = parse_drafter(name, default_members)
     if plan.self_speculative:
-        return SelfSpeculativeDrafter(target, ssd_layer)
+        return SelfSpeculativeDrafter(target, ssd_layer, imitation if name == "ssd" else None, name=name)
     if plan.head is not None:
         if head is None or head.kind != plan.head:
             raise InputError(f"drafter '{name}' needs a {plan.head} head; add `head: {{model: PATH, kind: {plan.head}}}` "

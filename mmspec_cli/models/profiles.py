@@ -341,9 +341,16 @@ class PoolingSpec:
 
 @dataclass(frozen=True)
 class SsdSpec:
-    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft."""
+    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft, and the
+    imitation network (folder, hub id or ``mmspec:NAME``) trained to follow that layer, if any."""
 
     layer: int | None = _key(_optional(_integer(1)), None)  # in [1, L-1]; checked against the model when it loads
+    imitation: str | None = _key(_optional(_string), None)  # FastVLM's imitation network after that layer
+
+    def __post_init__(self) -> None:
+        if self.imitation is not None and self.layer is None:
+            raise ProfileError(f"ssd.imitation names an imitation network ({shorten(self.imitation)}) but ssd.layer "
+                               f"is not set; set ssd.layer to the layer it was trained for")
 
 
 @dataclass(frozen=True)

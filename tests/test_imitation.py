@@ -1,0 +1,147 @@
+"""FastVLM's imitation network (IN) in ``ssd``: what the draft is with it, losslessness, and how it loads."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from mmspec_cli.cli.app import app
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.errors import InputError, ModelLoadError, ProfileError
+from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_imitation
+from mmspec_cli.models.profiles import profile_from_dict
+from mmspec_cli.models.prompts import process, render_prompt
+from tests import tiny
+from tests.helpers import save_images
+from tests.test_cli import assert_one_line_error
+from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
+from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.test_ssd import LAYERS, deep  # noqa: F401  (the 4-layer target fixture)
+
+
+def random_imitation(hidden: int, seed: int = 0, scale: float = 0.5) -> ImitationNetwork:
+    """An IN whose residual branch is not zero, so it changes the draft."""
+    torch.manual_seed(seed)
+    network = ImitationNetwork(hidden).to(torch.float64)
+    with torch.no_grad():
+        network.fc2.weight.normal_(0, scale / hidden ** 0.5)
+    return network.eval()
+
+
+def hidden_size(target) -> int:
+    return target.model.config.text_config.hidden_size
+
+
+def draft_with(target, layer, ids, vision, steps, network=None):
+    """Reference draft: argmax of LM head(final norm(IN(hidden state after `layer`))), full forward per step."""
+    tokens = []
+    norm, lm_head = target.model.get_decoder().norm, target.model.get_output_embeddings()
+    for _ in range(steps):
+        with torch.no_grad():
+            out = target.model(input_ids=torch.tensor([ids + tokens]), output_hidden_states=True, **vision)
+            hidden = out.hidden_states[layer][0, -1]
+            if network is not None:
+                hidden = network(hidden)
+            tokens.append(int(lm_head(norm(hidden)).argmax()))
+    return tokens
+
+
+def test_an_untrained_network_is_the_draft_without_imitation(deep):
+    network = ImitationNetwork(hidden_size(deep)).to(torch.float64)
+    x = torch.randn(3, hidden_size(deep), dtype=torch.float64)
+    assert torch.equal(network(x), x)
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_the_draft_goes_through_the_network(deep, layer):
+    network = random_imitation(hidden_size(deep))
+    text = render_prompt(deep.processor, [QUESTION], [], 1)
+    prompt = process(deep.processor, text, tiny.images(1))
+    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
+    drafter = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer, imitation=network)).drafter
+    drafter.begin_turn(text, tiny.images(1))
+    draft = drafter.propose([], 4, TokenPicker(SamplingParams()))
+    assert draft.tokens == draft_with(deep, layer, prompt.ids, vision, 4, network)
+    assert draft.tokens != draft_with(deep, layer, prompt.ids, vision, 4)  # the network changed what is drafted
+    plain = build_drafter("ssd:plain", deep, None, ssd_layer=layer, imitation=network)
+    assert plain.imitation is None and plain.name == "ssd:plain"
+
+
+@pytest.mark.parametrize("tree", [{}, {"tree": "dynamic", "tree_budget": 12, "tree_topk": 3}])
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_greedy_equals_target_generate(deep, tree, n_images):
+    drafter = build_drafter("ssd", deep, None, ssd_layer=2, imitation=random_imitation(hidden_size(deep)))
+    generation = SpeculativeDecoder(deep, drafter, gamma=3, max_new_tokens=24, **tree).generate(
+        tiny.images(n_images), [QUESTION, FOLLOW_UP])
+    first = generation.turns[0]
+    assert first.token_ids == reference(deep, [QUESTION], [], n_images)
+    assert generation.turns[1].token_ids == reference(deep, [QUESTION, FOLLOW_UP], [first.text], n_images)
+
+
+def test_sampling_keeps_the_target_distribution(tiny_models):
+    target = tiny_models["target"]  # 2 layers: the draft is layer 0, the IN, the norm and the head
+    drafter = build_drafter("ssd", target, None, ssd_layer=1, imitation=random_imitation(hidden_size(target)))
+    decoder = SpeculativeDecoder(target, drafter, gamma=2, max_new_tokens=3, sampling=PARAMS)
+    counts: Counter = Counter()
+    for seed in range(RUNS):
+        counts[tuple(decoder.generate(tiny.images(1), [QUESTION], seed=seed).turns[0].token_ids[:2])] += 1
+    assert chi_square_p_value(counts, exact_joint(target), RUNS) > 1e-3
+
+
+# --------------------------------------------------------------------------- files and refusals
+
+
+@pytest.fixture(scope="module")
+def saved(deep, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("imitation") / "in2"
+    save_imitation(random_imitation(hidden_size(deep)), folder, layer=2, target=deep, target_name="deep",
+                   dtype=torch.float64)
+    return folder
+
+
+def test_a_saved_network_loads_back_for_its_layer_and_target(deep, saved, tiny_models):
+    network = load_imitation(str(saved), 2, deep)
+    x = torch.randn(2, hidden_size(deep), dtype=torch.float64)
+    torch.testing.assert_close(network(x), random_imitation(hidden_size(deep))(x), rtol=0, atol=0)
+    with pytest.raises(InputError, match=r"was trained for layer 2, but ssd.layer is 1; set ssd.layer: 2"):
+        load_imitation(str(saved), 1, deep)
+    with pytest.raises(ModelLoadError, match=r"trained for another target \(num_hidden_layers 4 vs 2 in"):
+        load_imitation(str(saved), 2, tiny_models["target"])
+    with pytest.raises(ModelLoadError, match="has no config.json with an mmspec_imitation block"):
+        load_imitation(str(saved.parent), 2, deep)
+
+
+def test_imitation_without_a_layer_is_refused_in_the_profile():
+    with pytest.raises(ProfileError, match="ssd.imitation names an imitation network .* but ssd.layer is not set"):
+        profile_from_dict({"target": {"model": "x"}, "ssd": {"imitation": "somewhere"}})
+    profile = profile_from_dict({"target": {"model": "x"}, "ssd": {"layer": 2, "imitation": "somewhere"}})
+    assert profile.ssd.imitation == "somewhere"
+
+
+def test_bench_runs_ssd_with_and_without_the_network_side_by_side(deep, saved, tmp_path):
+    [image] = save_images(tmp_path, 1)
+    spec = {"dtype": "float64", "device": "cpu"}
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "decoding": {"max_new_tokens": 8},
+                                       "ssd": {"layer": 2, "imitation": str(saved)}}))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "images": [image], "turns": [QUESTION], "category": "x"}) + "\n")
+    out = tmp_path / "run.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", str(manifest), "--profile", str(profile), "--drafters", "ar,ssd,ssd:plain",
+                                 "--out", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["drafter"] for r in records] == ["ar", "ssd", "ssd:plain"]
+    assert len({tuple(r["token_ids"]) for r in records}) == 1
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "ssd": {"layer": 1, "imitation": str(saved)}}))
+    assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", str(wrong),
+                                              "--drafter", "ssd"]), "was trained for layer 2, but ssd.layer is 1")
