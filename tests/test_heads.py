@@ -333,7 +333,7 @@ def test_cli_generate_and_bench_with_heads(tiny_models, tiny_dirs, head_dirs, tm
 
     from mmspec_cli.cli.app import app
     from tests.helpers import save_images
-    from tests.test_cli import assert_one_line_error
+    from tests.helpers import assert_one_line_error
 
     runner = CliRunner()
     [image] = save_images(tmp_path, 1)

@@ -20,7 +20,7 @@ from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
 from tests.helpers import save_images
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
 from tests.test_engine_sampling import PARAMS, chi_square_p_value, exact_joint
 from tests.test_ssd import LAYERS, deep  # noqa: F401  (the 4-layer target fixture)
