@@ -44,3 +44,9 @@ MAX_TREE_BUDGET = 512
 
 #: The largest draft length γ a profile or ``--gamma`` accepts.
 MAX_GAMMA = 64
+
+#: Trained draft heads (``models/head.py``, ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's.
+HEAD_KINDS = ("eagle", "vispec")
+
+#: ``train-head --loss``: ViSpec's code (10·L1 + 0.1·ListMLE) or its paper (cross-entropy); ``training/losses.py``.
+TRAIN_LOSSES = ("vispec", "ce")

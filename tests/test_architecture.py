@@ -20,7 +20,7 @@ LAYERS = {
     "drafters": 3,
     "api": 4,
     "bench": 5,
-    "selectlayer": 6,
+    "selectlayer": 6, "training": 6,
     "cli": 7,
     "__main__": 8,  # python -m mmspec_cli
 }

@@ -24,6 +24,7 @@ from mmspec_cli.cli.compare import compare
 from mmspec_cli.cli.generate import generate
 from mmspec_cli.cli.profile_latency import profile_latency
 from mmspec_cli.cli.select_layer import select_layer
+from mmspec_cli.cli.train_head import train_head
 
 
 class _FlagsShowNoMetavar:
@@ -90,6 +91,7 @@ _register(bench)
 _register(compare)
 _register(profile_latency)
 _register(select_layer)
+_register(train_head)
 
 
 def main() -> None:

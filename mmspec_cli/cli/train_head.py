@@ -1,0 +1,113 @@
+"""``mmspec train-head``: train an EAGLE or ViSpec draft head for a profile's target (:mod:`mmspec_cli.training`).
+
+This module reads and checks the flags; everything else happens in
+:func:`mmspec_cli.training.run.train_head`, which refuses a bad ``--out``, a checkpoint of another
+head and an empty SOURCE before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mmspec_cli.choices import HEAD_KINDS, TRAIN_LOSSES
+from mmspec_cli.cli.errors import shorten
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads
+from mmspec_cli.errors import InputError
+from mmspec_cli.models.profiles import load_profile
+
+
+def train_head(
+    kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False, help=(
+        "vispec (ViSpec's head: vision adaptor, global image feature) or eagle (EAGLE-2's head)."))],
+    source: Annotated[str, typer.Argument(metavar="SOURCE", show_default=False, help=(
+        "Prompts the target answers: a JSONL manifest, a built-in suite, demo-train (the demo family's "
+        "training corpus) or a dataset id."))],
+    out: Annotated[str, typer.Option(metavar="DIR", show_default=False, help=(
+        "Folder for the head (config.json, model.safetensors); answers go to DIR.answers.jsonl."))],
+    profile: ProfileName = None,
+    epochs: Annotated[int | None, typer.Option(metavar="N", help="Passes over the answers (default 20, ViSpec's).")] = None,
+    steps: Annotated[int | None, typer.Option(metavar="N", help="Optimizer steps; overrides --epochs.")] = None,
+    lr: Annotated[float, typer.Option(metavar="X", help=(
+        "Peak learning rate (ViSpec's script: 3e-5 for 7B targets; tiny heads want about 1e-3)."))] = 3e-5,
+    mtp: Annotated[int, typer.Option(metavar="K", help=(
+        "Multi-token prediction passes: 1 = teacher forcing only; K feeds the head its own outputs K-1 times."))] = 3,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the training whose checkpoint DIR holds.")] = False,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples of SOURCE.")] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the answers' sampling, the head and the data order.")] = 0,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per optimizer step.")] = 8,
+    checkpoint_every: Annotated[int, typer.Option(metavar="N", help="Write a checkpoint every N steps.")] = 200,
+    held_out: Annotated[int | None, typer.Option(metavar="N", help=(
+        "Keep the last N samples of SOURCE out of training and measure acceptance on them (default: a tenth, "
+        "at most 10; 0: none)."))] = None,
+    loss: Annotated[str, typer.Option(metavar="vispec|ce", help=(
+        "vispec: 10·L1 + 0.1·ListMLE (ViSpec's code); ce: cross-entropy (ViSpec's paper)."))] = "vispec",
+    answer_temperature: Annotated[float, typer.Option(metavar="T", help=(
+        "Temperature the target answers at (0: greedy)."))] = 1.0,
+    answer_suffix: Annotated[str | None, typer.Option(metavar="TEXT", help=(
+        "Appended to every prompt (default: ViSpec's \"Please answer with at least 1000 words.\"; '' for none)."))] = None,
+    answer_tokens: Annotated[int, typer.Option(metavar="N", help="At most N tokens per answer.")] = 1024,
+    threads: Threads = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Train a draft head (ViSpec or EAGLE-2) for the profile's target, with ViSpec's recipe.
+
+    The target answers SOURCE's prompts (sampled, stored as JSONL beside DIR, reused and resumed); the head learns from the target's own features and distributions over those answers, with multi-token passes. Run it under `accelerate launch` on several GPUs.
+    """
+    if kind not in HEAD_KINDS:
+        raise InputError(f"KIND: expected one of {', '.join(HEAD_KINDS)}, got {shorten(kind)}")
+    if loss not in TRAIN_LOSSES:
+        raise InputError(f"--loss: expected one of {', '.join(TRAIN_LOSSES)}, got {shorten(loss)}")
+    for flag, value in (("--epochs", epochs), ("--steps", steps), ("--limit", limit), ("--mtp", mtp),
+                        ("--batch-size", batch_size), ("--checkpoint-every", checkpoint_every),
+                        ("--answer-tokens", answer_tokens)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag}: expected an integer >= 1, got {value}")
+    if held_out is not None and held_out < 0:
+        raise InputError(f"--held-out: expected an integer >= 0, got {held_out}")
+    if not lr > 0 or lr != lr:
+        raise InputError(f"--lr: expected a positive number, got {lr}")
+    if not answer_temperature >= 0:
+        raise InputError(f"--answer-temperature: expected a number >= 0, got {answer_temperature}")
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--seed: expected an integer in [0, 2^63), got {seed}")
+    chosen = load_profile(profile)
+    threads = check_threads(threads)
+
+    from mmspec_cli.models.threads import apply_threads
+    from mmspec_cli.training.answers import LONG_ANSWER_SUFFIX, AnswerSettings
+    from mmspec_cli.training.run import TrainHeadSettings, train_head as run
+
+    folder = Path(out).expanduser()
+    settings = TrainHeadSettings(
+        kind=kind, source=source, out=folder, epochs=epochs, steps=steps, lr=lr, mtp=mtp, resume=resume,
+        limit=limit, seed=seed, batch_size=batch_size, checkpoint_every=checkpoint_every, held_out=held_out,
+        loss=loss, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
+                                          suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
+                                          seed=seed))
+    report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
+    typer.echo(json.dumps(report) if as_json else _summary(report, kind, chosen.target.model, folder))
+
+
+def _summary(report: dict, kind: str, target: str, folder: Path) -> str:
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    lines = [f"wrote {folder} ({kind} head for {target}, {size / 1e6:.2f} MB)",
+             f"trained on {report['sequences']} answered turns of {report['source']} ({report['skipped']} skipped): "
+             f"{report['steps']} steps, {report['epochs']} epochs, in {report['seconds']['training']:.0f} s "
+             f"(answers {report['seconds']['answers']:.0f} s)"]
+    final = report["final"]
+    if final["loss"]:
+        lines.append("last steps: " + ", ".join(f"pass {k + 1} loss {l:.3f} top-1 {t:.3f}"
+                                                 for k, (l, t) in enumerate(zip(final["loss"], final["top1"]))))
+    acc = report.get("acceptance")
+    if acc:
+        before = acc.get("before")
+        lines.append(f"block efficiency τ on {acc['held_out']} held-out samples (γ = 5, greedy): "
+                     f"{acc['after']['block_efficiency']:.3f}"
+                     + (f" (before training: {before['block_efficiency']:.3f})" if before else ""))
+    else:
+        lines.append("no held-out samples, so no acceptance measurement (pass --held-out N)")
+    return "\n".join(lines)

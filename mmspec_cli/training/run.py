@@ -1,0 +1,228 @@
+"""``train-head`` from start to end: checks, answers, training, the head written, its acceptance measured.
+
+:func:`train_head` is what the command and ``scripts/train_demo_heads.py`` both call:
+
+1. Check, before any model loads: ``--out`` writable, the checkpoint to resume (or one line saying
+   why not), SOURCE not empty.
+2. The target answers SOURCE's prompts (:mod:`.answers`), or the answers file already holds them.
+   The last ``held_out`` conversations are not answered: acceptance is measured on them.
+3. The head (its embeddings copied from the target) is measured on the held-out conversations,
+   trained (:mod:`.trainer`), written in float16 with ``save_head``, loaded back as a profile
+   would load it, and measured again; both figures go into its ``config.json``.
+
+Under ``accelerate launch`` every process loads the target on its own device; the main process
+answers the prompts and measures, the others wait.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmspec_cli.errors import InputError
+from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
+from mmspec_cli.models.head_files import head_config, load_head, save_head
+from mmspec_cli.models.loading import LoadedModel, load_model
+from mmspec_cli.models.profiles import Profile
+from mmspec_cli.models.prompts import shorten
+from mmspec_cli.training import acceptance
+from mmspec_cli.training.answers import AnswerSettings, answers_path, generate_answers
+from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
+from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
+from mmspec_cli.training.progress import Phase, TrainingNotes
+from mmspec_cli.training.sequences import SequenceStore, Turn, trainable
+from mmspec_cli.training.trainer import TrainConfig, copy_embeddings, train
+
+DEFAULT_EPOCHS = 20  # ViSpec
+DEFAULT_LR = 3e-5  # ViSpec's training script; tiny heads (the demo's) want about 1e-3
+DEFAULT_MTP = 3
+MAX_HELD_OUT = 10
+
+
+@dataclass(frozen=True)
+class TrainHeadSettings:
+    """Everything ``train-head`` is told. ``steps`` wins over ``epochs``; ``held_out`` None: a tenth of
+    SOURCE, at most 10; ``evaluate`` replaces the held-out part by other conversations (nothing held out)."""
+
+    kind: str
+    source: str
+    out: Path
+    epochs: int | None = None
+    steps: int | None = None
+    lr: float = DEFAULT_LR
+    mtp: int = DEFAULT_MTP
+    resume: bool = False
+    limit: int | None = None
+    seed: int = 0
+    batch_size: int = 8
+    checkpoint_every: int = 200
+    held_out: int | None = None
+    loss: str = "vispec"
+    noise: float = 0.2
+    warmup: float = 0.05
+    num_q: int = DEFAULT_NUM_Q
+    answers: AnswerSettings = field(default_factory=AnswerSettings)
+    answers_file: Path | None = None
+    evaluate: Sequence[Conversation] | None = None
+    eval_max_new_tokens: int | None = None  # None: the profile's decoding.max_new_tokens
+    measure_before: bool = True
+
+
+def check_out(out: Path) -> None:
+    """``--out`` is (or can become) a writable folder, and its parent takes the answers file."""
+    shown = shorten(str(out))
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {shown} is a file; name a folder for the head")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".mmspec-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+        probe = out.parent / f".{out.name}.mmspec-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"--out {shown} can't be written ({exc.strerror or exc}); pick another folder") from None
+
+
+def _launched() -> bool:
+    """Whether this process is one of several (``accelerate launch``, ``torchrun``)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _load_target(profile: Profile) -> LoadedModel:
+    spec = profile.target
+    if _launched():
+        from accelerate import PartialState
+
+        spec = replace(spec, device=str(PartialState().device))  # one copy per process, on its own device
+    target = load_model(spec, "target")
+    for param in target.model.parameters():
+        param.requires_grad_(False)
+    return target
+
+
+def _barrier() -> None:
+    if _launched():
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+
+
+def _is_main() -> bool:
+    if not _launched():
+        return True
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str], None] = _stderr,
+               progress: bool | None = None, on_target: Callable[[LoadedModel], Any] | None = None,
+               on_step: Callable[[int, int, list[dict]], None] | None = None) -> dict[str, Any]:
+    """Train a head for the profile's target; returns the report (also stored in the head's config.json).
+
+    ``progress`` None: bars on a terminal; ``on_target(target)`` once the target is loaded (the command
+    chooses its CPU threads there); ``on_step(step, total, pass_stats)`` after each step.
+    """
+    s = settings
+    target_name = profile.target.model
+    check_out(s.out)
+    resume = check_start(s.out, s.resume, s.kind, target_name)
+    found = conversations(s.source, s.limit)
+    if s.evaluate is not None:
+        training, held = found, list(s.evaluate)
+    else:
+        held_out = min(MAX_HELD_OUT, len(found) // 10) if s.held_out is None else s.held_out
+        training, held = split_held_out(found, held_out)
+    clock = time.perf_counter()
+    target = _load_target(profile)
+    if on_target is not None:
+        on_target(target)
+    max_new = s.eval_max_new_tokens or profile.decoding.max_new_tokens
+
+    answers_file = s.answers_file or answers_path(s.out)
+    turns_total = sum(len(c.turns) for c in training)
+    if _is_main():
+        with Phase("answers", turns_total, enabled=progress, log=log) as phase:
+            records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
+    _barrier()
+    if not _is_main():
+        records = generate_answers(target, target_name, training, answers_file, s.answers)  # reads them back
+    answers_s = time.perf_counter() - clock
+    failed = [r for r in records if r.error is not None]
+    usable = trainable(records)
+    if not usable:
+        first = failed[0].error if failed else "every answer is empty"
+        raise InputError(f"no sample of SOURCE {shorten(s.source)} could be used: all {len(records)} failed "
+                         f"(first: {first})")
+    if failed:
+        log(f"skipped {len(failed)} of {len(records)} turns whose inputs failed (recorded in "
+            f"{shorten(str(answers_file))}); first: {failed[0].error}")
+    by_id = {c.id: c for c in training}
+    store = SequenceStore(target, [Turn(by_id[a.id], a) for a in usable])
+    epochs = s.epochs if s.epochs is not None else DEFAULT_EPOCHS
+    steps = s.steps if s.steps is not None else epochs * math.ceil(len(store) / s.batch_size)
+    config = TrainConfig(steps=steps, batch_size=s.batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
+                         warmup=s.warmup, seed=s.seed, checkpoint_every=s.checkpoint_every)
+    if resume is not None:
+        check_settings(resume, {**asdict(config), "sequences": len(store)}, f"{shorten(str(s.out))}/checkpoint.pt")
+
+    torch.manual_seed(s.seed)
+    head = DraftHead(head_config(target), s.kind, s.num_q)
+    copy_embeddings(head, target)
+    head.to(device=target.model.get_output_embeddings().weight.device)
+    identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store)}
+    keep: dict[str, Any] = {}
+    if s.measure_before and held and resume is None and _is_main():
+        keep["before"] = acceptance.measure(target, head.eval(), held, max_new).as_dict()
+        log(f"acceptance before training: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
+            f"conversations (γ = 5, greedy)")
+    notes = TrainingNotes()
+    started = 0 if resume is None else int(resume["step"])
+    with Phase("training", steps, done=started, enabled=progress, log=log) as phase:
+        def step_done(step: int, total: int, stats: list[dict]) -> None:
+            phase.note(notes.add(stats))
+            phase.advance(1)
+            if on_step is not None:
+                on_step(step, total, stats)
+
+        result = train(head, target, store, config, s.out, identity, resume, keep, on_step=step_done)
+    report: dict[str, Any] = {
+        "source": s.source, "conversations": len(training), "turns": len(records), "skipped": len(failed),
+        "sequences": len(store), "steps": steps, "epochs": round(steps * s.batch_size / len(store), 2),
+        "batch_size": s.batch_size, "lr": s.lr, "mtp": s.mtp, "loss": s.loss, "noise": s.noise, "seed": s.seed,
+        "answers": {k: v for k, v in asdict(s.answers).items()},
+        "final": result.tail(),
+        "seconds": {"answers": round(answers_s, 1), "training": round(result.seconds, 1)},
+    }
+    if _is_main():
+        extra = {"training": report}
+        save_head(head, s.out, target_name, dtype=torch.float16, extra=extra)
+        if held:
+            loaded = load_head(str(s.out), s.kind, s.num_q, target)
+            after = acceptance.measure(target, loaded, held, max_new).as_dict()
+            report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
+                                    "before": result.kept.get("before"), "after": after}
+            log(f"acceptance after training: τ {after['block_efficiency']:.3f} on {len(held)} held-out conversations"
+                + (f" (before: {result.kept['before']['block_efficiency']:.3f})" if result.kept.get("before") else ""))
+            save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report})
+        checkpoint_path(s.out).unlink(missing_ok=True)
+    report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
+    _barrier()
+    return report

@@ -1,0 +1,172 @@
+"""The training loop: ViSpec's recipe at any scale, under ``accelerate`` (one CPU or several GPUs).
+
+- **Frozen:** the target, its embeddings (the head holds a frozen copy) and its LM head (shared).
+  Trained: ``fc``, the decoder layer, and for vispec ``img_fc`` and the adaptor.
+- **Data:** step s takes ``batch_size`` sequences from a stream of epochs, each a seeded
+  permutation of the training sequences (:func:`batch_indices`), so the order depends only on the
+  seed and a resumed run sees the same batches.
+- **Loss:** :class:`~.passes.HeadObjective` (multi-token passes, noise; :mod:`.losses`).
+- **Optimiser:** AdamW with betas (0.9, 0.95) (ViSpec), linear warm-up over ``warmup`` of the steps
+  (ViSpec: one epoch of twenty, 5%) then linear decay to zero, gradients clipped to ±``clip`` per
+  value (ViSpec: 0.5).
+- **Checkpoints** every ``checkpoint_every`` steps and at the last one (:mod:`.checkpoint`).
+- **Distribution:** ``accelerate.Accelerator`` prepares the objective (DDP across processes under
+  ``accelerate launch``) and the optimizer; each step's batch is split between the processes with
+  ``split_between_processes``, so the global batch is ``batch_size`` whatever the number of
+  processes. On one CPU the accelerator does nothing but hold the device. Deterministic for a seed
+  on a CPU with a fixed number of threads.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmspec_cli.models.head import DraftHead
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.training.checkpoint import save_checkpoint
+from mmspec_cli.training.losses import loss_function, lr_factor
+from mmspec_cli.training.passes import HeadObjective
+from mmspec_cli.training.sequences import SequenceStore
+
+BETAS = (0.9, 0.95)  # ViSpec's AdamW
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What decides the trained weights (a resumed run must keep every one of them)."""
+
+    steps: int
+    batch_size: int = 8
+    lr: float = 3e-5
+    passes: int = 3  # --mtp: pass 0 on the target's features + 2 passes on the head's own
+    noise: float = 0.2  # relative amplitude of the uniform noise on the target's features
+    loss: str = "vispec"
+    warmup: float = 0.05  # share of the steps
+    clip: float = 0.5  # gradient value clipping (ViSpec)
+    weight_decay: float = 0.01  # AdamW's default, as ViSpec keeps it
+    seed: int = 0
+    checkpoint_every: int = 200
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    started_at: int  # 0, or the step a resumed run started from
+    seconds: float
+    history: list[dict] = field(default_factory=list)  # per step: loss and top-1 agreement per pass
+    kept: dict = field(default_factory=dict)  # what the caller asked to keep in checkpoints (restored on resume)
+
+    def tail(self, n: int = 50) -> dict[str, list[float]]:
+        """Mean loss and top-1 agreement per pass over the last ``n`` steps run."""
+        rows = self.history[-n:]
+        passes = max((len(r["passes"]) for r in rows), default=0)
+        out: dict[str, list[float]] = {"loss": [], "top1": []}
+        for k in range(passes):
+            vals = [r["passes"][k] for r in rows if len(r["passes"]) > k]
+            out["loss"].append(round(sum(v["loss"] for v in vals) / len(vals), 4))
+            out["top1"].append(round(sum(v["top1"] for v in vals) / len(vals), 4))
+        return out
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int, _orders: dict | None = None) -> list[int]:
+    """The sequences of step ``step``: positions step·B .. step·B + B − 1 of the stream of epochs, epoch e
+    being ``random.Random(f"mmspec-train:{seed}:{e}")``'s permutation of range(n)."""
+    orders = {} if _orders is None else _orders
+    out = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch = position // n
+        if epoch not in orders:
+            orders[epoch] = random.Random(f"mmspec-train:{seed}:{epoch}").sample(range(n), n)
+        out.append(orders[epoch][position % n])
+    return out
+
+
+def make_accelerator(on_cpu: bool, unused_parameters: bool):
+    """``accelerate.Accelerator`` (its DDP told that the vispec adaptor goes unused on text-only batches)."""
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+
+    return Accelerator(cpu=on_cpu, kwargs_handlers=[DistributedDataParallelKwargs(
+        find_unused_parameters=unused_parameters)])
+
+
+def train(head: DraftHead, target: LoadedModel, store: SequenceStore, config: TrainConfig, out: Path,
+          identity: dict[str, Any], resume: dict[str, Any] | None = None, keep: dict | None = None,
+          on_step: Callable[[int, int, list[dict]], None] | None = None) -> TrainResult:
+    """Train ``head`` in place for ``config.steps`` optimizer steps (from a checkpoint's step when ``resume``).
+
+    ``identity`` (kind, num_q, target) goes into every checkpoint with ``keep`` (the caller's own
+    values, e.g. the acceptance before training); ``on_step(step, total, pass_stats)`` after each step.
+    """
+    lm_head = target.model.get_output_embeddings()
+    device = lm_head.weight.device
+    accelerator = make_accelerator(device.type == "cpu", head.kind == "vispec")
+    head.to(device=device, dtype=torch.float32).train()
+    objective = HeadObjective(head, lm_head, target.image_token_id, loss_function(config.loss), config.passes,
+                              config.noise)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=BETAS, weight_decay=config.weight_decay)
+    total = config.steps
+    warm = max(1, round(config.warmup * total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warm, total))
+    generator = torch.Generator().manual_seed(config.seed * 1009 + accelerator.process_index)
+    start = 0
+    kept = dict(keep or {})
+    if resume is not None:
+        head.load_state_dict(resume["head"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        generator.set_state(resume["noise_rng"])
+        torch.set_rng_state(resume["torch_rng"])
+        start = int(resume["step"])
+        kept.update(resume.get("kept", {}))
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+    orders: dict = {}
+    result = TrainResult(steps=total, started_at=start, seconds=0.0, kept=kept)
+    clock = time.perf_counter()
+
+    def checkpoint(step: int) -> None:
+        if accelerator.is_main_process:
+            save_checkpoint(out, {**identity, "settings": asdict(config), "step": step,
+                                  "head": accelerator.unwrap_model(objective).head.state_dict(),
+                                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                  "noise_rng": generator.get_state(), "torch_rng": torch.get_rng_state(),
+                                  "kept": kept})
+        accelerator.wait_for_everyone()
+
+    for step in range(start, total):
+        indices = batch_indices(step, config.batch_size, len(store), config.seed, orders)
+        with accelerator.split_between_processes(indices, apply_padding=True) as mine:
+            batch = [store[i] for i in mine]
+        loss, stats = objective(batch, generator)
+        accelerator.backward(loss)
+        accelerator.clip_grad_value_(params, config.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        result.history.append({"step": step + 1, "loss": float(loss.detach()), "passes": stats})
+        if on_step is not None:
+            on_step(step + 1, total, stats)
+        if (step + 1) % config.checkpoint_every == 0 or step + 1 == total:
+            checkpoint(step + 1)
+    result.seconds = time.perf_counter() - clock
+    accelerator.unwrap_model(objective).head.eval()
+    return result
+
+
+def trainable_parameters(head: DraftHead) -> int:
+    return sum(p.numel() for p in head.parameters() if p.requires_grad)
+
+
+def copy_embeddings(head: DraftHead, target: LoadedModel) -> None:
+    """The head's frozen embedding table is a copy of the target's input embeddings."""
+    weight = target.model.get_input_embeddings().weight
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(weight.detach().to(head.embed_tokens.weight.dtype))
+
