@@ -10,8 +10,9 @@ from __future__ import annotations
 #: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
 MEMBER_LETTERS = ("m", "t", "c", "p")
 
-#: Draft heads that read the target's own features (``drafters/head.py``): a head is its own drafter, never an
-#: ensemble member. The drafter name is the head's kind.
+#: Trained draft heads that read the target's own features (``models/head.py``, ``drafters/head.py``,
+#: ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's. A head is its own drafter (named by its kind),
+#: never an ensemble member.
 HEAD_KINDS = ("eagle", "vispec")
 
 #: ``ssd`` without the profile's imitation network (FastVLM's "draft without imitation"), to compare both in one run.
@@ -44,9 +45,6 @@ MAX_TREE_BUDGET = 512
 
 #: The largest draft length γ a profile or ``--gamma`` accepts.
 MAX_GAMMA = 64
-
-#: Trained draft heads (``models/head.py``, ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's.
-HEAD_KINDS = ("eagle", "vispec")
 
 #: ``train-head --loss``: ViSpec's code (10·L1 + 0.1·ListMLE) or its paper (cross-entropy); ``training/losses.py``.
 TRAIN_LOSSES = ("vispec", "ce")
