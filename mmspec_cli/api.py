@@ -68,20 +68,23 @@ class ModelSet:
             models.heads[kind] = load_head(spec.model, spec.kind or kind, spec.num_q, models.target, spec.revision)
         return models
 
-    def decoder(self, drafter: str, ssd_layer: int | None = None) -> SpeculativeDecoder:
+    def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None) -> SpeculativeDecoder:
         """A fresh decoder (own KV caches) for ``drafter`` over the shared models.
 
-        ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several).
+        ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several);
+        ``imitation``, the imitation network ``ssd`` drafts through (default: the profile's, at its layer).
         """
         profile, decoding = self.profile, self.profile.decoding
         layer = profile.ssd.layer if ssd_layer is None else ssd_layer
+        if imitation is None and layer == profile.ssd.layer:
+            imitation = self.imitation
         return SpeculativeDecoder(
             self.target,
             build_drafter(drafter, self.target, self.draft, ensemble=profile.ensemble,
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
                           captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer,
                           head=self.heads.get(drafter),
-                          imitation=self.imitation if layer == profile.ssd.layer else None),
+                          imitation=imitation),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),

@@ -14,7 +14,7 @@ from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.errors import InputError, ModelLoadError, ProfileError
 from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_imitation
-from mmspec_cli.models.profiles import profile_from_dict
+from mmspec_cli.models.profiles import load_profile, profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
 from tests.helpers import save_images
@@ -151,3 +151,29 @@ def test_bench_runs_ssd_with_and_without_the_network_side_by_side(deep, saved, t
     wrong.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "ssd": {"layer": 1, "imitation": str(saved)}}))
     assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", str(wrong),
                                               "--drafter", "ssd"]), "was trained for layer 2, but ssd.layer is 1")
+
+
+def test_select_layer_scores_the_network_and_measures_both_ways(deep, saved, tmp_path):
+    [image] = save_images(tmp_path, 1)
+    spec = {"dtype": "float64", "device": "cpu"}
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "decoding": {"max_new_tokens": 6},
+                                       "ssd": {"layer": 2, "imitation": str(saved)}}))
+    written = tmp_path / "chosen.yaml"
+    runner = CliRunner()
+    result = runner.invoke(app, ["select-layer", image, "-q", QUESTION, "--profile", str(profile), "--imitation",
+                                 "--empirical", "1", "--lambda", "0", "--write", str(written), "--json"])
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["imitation"]["layer"] == 2 and 0 < out["imitation"]["confidence"] <= 1
+    plain = {row["layer"]: row["confidence"] for row in out["layers"]}
+    assert out["imitation"]["confidence"] != plain[2]  # the network is in place
+    runs = {(m["layer"], m["imitation"]) for m in out["empirical"]}
+    assert {(2, True), (2, False)} <= runs  # both ways at the network's layer
+    chosen = load_profile(str(written))
+    assert chosen.ssd.layer == out["chosen"]
+    assert chosen.ssd.imitation == (str(saved) if out["chosen_imitation"] else None)
+    no_network = tmp_path / "none.yaml"
+    no_network.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}}))
+    assert_one_line_error(runner.invoke(app, ["select-layer", image, "-q", QUESTION, "--profile", str(no_network),
+                                              "--imitation"]), "--imitation scores the profile's imitation network")

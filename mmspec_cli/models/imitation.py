@@ -65,20 +65,40 @@ def save_imitation(network: ImitationNetwork, folder: Path, layer: int, target: 
     (folder / "config.json").write_text(json.dumps({"mmspec_imitation": meta}, indent=2, sort_keys=True) + "\n")
 
 
+def _folder(model: str, revision: str | None) -> Path:
+    location = model_location(model)
+    if Path(location).is_dir():
+        return Path(location)
+    return Path(hub_folder("ssd.imitation", location, revision, patterns=["config.json", "model.safetensors"]))
+
+
+def _meta(folder: Path, shown: str) -> dict:
+    try:
+        meta = json.loads((folder / "config.json").read_text())["mmspec_imitation"]
+        if isinstance(meta, dict):
+            return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    raise ModelLoadError(f"ssd.imitation: {shown} has no config.json with an mmspec_imitation block; train one "
+                         f"with `mmspec train-head imitation`")
+
+
+def trained_layer(model: str, revision: str | None = None) -> int:
+    """The layer the IN named ``model`` was trained after (its config.json says)."""
+    layer = _meta(_folder(model, revision), shorten(model)).get("layer")
+    if not isinstance(layer, int):
+        raise ModelLoadError(f"ssd.imitation: {shorten(model)}'s config.json names no layer")
+    return layer
+
+
 def load_imitation(model: str, layer: int | None, target: LoadedModel, revision: str | None = None) -> ImitationNetwork:
     """Load the IN named by ``ssd.imitation`` for ``ssd.layer`` = ``layer`` of ``target``; one-line refusals."""
     shown = shorten(model)
     if layer is None:
         raise InputError(f"ssd.imitation names an imitation network ({shown}) but ssd.layer is not set; set ssd.layer "
                          f"to the layer it was trained for (its config.json says which)")
-    location = model_location(model)
-    folder = Path(location) if Path(location).is_dir() else Path(
-        hub_folder("ssd.imitation", location, revision, patterns=["config.json", "model.safetensors"]))
-    try:
-        meta = json.loads((folder / "config.json").read_text())["mmspec_imitation"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ModelLoadError(f"ssd.imitation: {shown} has no config.json with an mmspec_imitation block; train one "
-                             f"with `mmspec train-head imitation`") from None
+    folder = _folder(model, revision)
+    meta = _meta(folder, shown)
     if meta.get("layer") != layer:
         raise InputError(f"ssd.imitation {shown} was trained for layer {meta.get('layer')}, but ssd.layer is {layer}; "
                          f"set ssd.layer: {meta.get('layer')} or train one for layer {layer}")
