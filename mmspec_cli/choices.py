@@ -46,5 +46,8 @@ MAX_TREE_BUDGET = 512
 #: The largest draft length γ a profile or ``--gamma`` accepts.
 MAX_GAMMA = 64
 
+#: ``mmspec train-head imitation``: FastVLM's imitation network for ``ssd`` (``models/imitation.py``).
+IMITATION = "imitation"
+
 #: ``train-head --loss``: ViSpec's code (10·L1 + 0.1·ListMLE) or its paper (cross-entropy); ``training/losses.py``.
 TRAIN_LOSSES = ("vispec", "ce")

@@ -177,3 +177,68 @@ def test_select_layer_scores_the_network_and_measures_both_ways(deep, saved, tmp
     no_network.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}}))
     assert_one_line_error(runner.invoke(app, ["select-layer", image, "-q", QUESTION, "--profile", str(no_network),
                                               "--imitation"]), "--imitation scores the profile's imitation network")
+
+
+# --------------------------------------------------------------------------- training (train-head imitation)
+
+
+def test_imitation_losses_by_hand():
+    from mmspec_cli.training import losses
+
+    a, b = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+    assert losses.cosine_distance(a, b).item() == pytest.approx(1 - 1 / 2 ** 0.5)
+    assert losses.cosine_distance(b, 3 * b).item() == pytest.approx(0.0, abs=1e-7)
+    target, draft = torch.tensor([[0.0, 0.0]]), torch.tensor([[torch.log(torch.tensor(3.0)).item(), 0.0]])
+    # KL(p ‖ q) with p = (1/2, 1/2), q = (3/4, 1/4)
+    expected = 0.5 * torch.log(torch.tensor(0.5 / 0.75)) + 0.5 * torch.log(torch.tensor(0.5 / 0.25))
+    assert losses.distillation(draft, target).item() == pytest.approx(expected.item())
+    assert losses.distillation(target, target).item() == pytest.approx(0.0)
+
+
+def test_train_head_imitation_learns_loads_and_decodes_losslessly(tiny_models, tmp_path):
+    from mmspec_cli.models.profiles import load_profile as load
+    from mmspec_cli.training.run import train_head
+    from tests.test_train_head import QUESTIONS, settings
+
+    target = tiny_models["target"]
+    [image] = save_images(tmp_path, 1)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"s{i}", "images": ["img0.png"], "turns": [q], "category": "x"})
+                                + "\n" for i, q in enumerate(QUESTIONS * 2)))
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": target.name, "dtype": "float64", "device": "cpu"},
+                                       "decoding": {"max_new_tokens": 12}}))
+    out = tmp_path / "in"
+    losses_seen = []
+    report = train_head(load(str(profile)), settings(out, kind="imitation", ssd_layer=1, source=str(manifest),
+                                                     steps=12, held_out=2, measure_before=True),
+                        progress=False, on_step=lambda step, total, stats: losses_seen.append(stats[0]["loss"]))
+    assert losses_seen[-1] < losses_seen[0]
+    assert report["layer"] == 1 and report["acceptance"]["after"]["turns"] == 2
+    assert report["acceptance"]["before"]["block_efficiency"] >= 1.0
+    config = json.loads((out / "config.json").read_text())["mmspec_imitation"]
+    assert config["layer"] == 1 and config["target"] == target.name
+    network = load_imitation(str(out), 1, target)
+    assert float(network.fc2.weight.abs().sum()) > 0  # trained away from the identity
+    drafter = build_drafter("ssd", target, None, ssd_layer=1, imitation=network)
+    for n_images in (0, 1):
+        turn = SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=24).generate(
+            tiny.images(n_images), [QUESTION]).turns[0]
+        assert turn.token_ids == reference(target, [QUESTION], [], n_images)
+
+
+def test_train_head_imitation_refuses_bad_layers_in_one_line(tiny_models, tmp_path):
+    target = tiny_models["target"]
+    [image] = save_images(tmp_path, 1)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "images": ["img0.png"], "turns": [QUESTION], "category": "x"}) + "\n")
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": target.name, "dtype": "float64", "device": "cpu"}}))
+    base = ["train-head", "imitation", str(manifest), "--profile", str(profile), "--out", str(tmp_path / "o"),
+            "--steps", "1", "--answer-tokens", "4"]
+    runner = CliRunner()
+    assert_one_line_error(runner.invoke(app, base), "train-head imitation needs --ssd-layer N")
+    assert_one_line_error(runner.invoke(app, [*base, "--ssd-layer", "5"]), "ssd.layer 5 is outside [1, 1]")
+    assert_one_line_error(runner.invoke(app, ["train-head", "eagle", str(manifest), "--profile", str(profile), "--out",
+                                              str(tmp_path / "e"), "--ssd-layer", "1"]),
+                          "--ssd-layer is for train-head imitation")
