@@ -53,12 +53,13 @@ def verified_nodes(setting: str) -> int:
 
 def latencies() -> dict:
     gammas = sorted({verified_nodes(s) for s in SETTINGS})
-    return json.loads(mmspec("profile-latency", "--seq", str(SEQ), "--batch", "1", "--gammas",
+    return json.loads(mmspec("profile-latency", "--seq", str(SEQ), "--batch", "1,2", "--gammas",
                              ",".join(map(str, gammas)), "--repeat", "20", "--json"))
 
 
 def eq1(tau: float, drafter: str, setting: str, timings: dict) -> float:
-    step = timings["head_ms"][drafter][str(SEQ)] if drafter in HEADS else timings["draft_ms"][f"1,{SEQ}"]
+    rows = 2 if drafter == "tabed" else 1  # tabed drafts its two members as two rows of one forward
+    step = timings["head_ms"][drafter][str(SEQ)] if drafter in HEADS else timings["draft_ms"][f"{rows},{SEQ}"]
     c = step / timings["target_ms"][f"{SEQ},{verified_nodes(setting)}"]
     return tau / (draft_forwards(setting) * c + 1)
 

@@ -131,14 +131,21 @@ def test_imitation_without_a_layer_is_refused_in_the_profile():
     assert profile.ssd.imitation == "somewhere"
 
 
-def test_bench_runs_ssd_with_and_without_the_network_side_by_side(deep, saved, tmp_path):
+def write_files(tmp_path, target, **sections) -> tuple[str, str, str]:
+    """An image, a one-sample manifest of it, and a float64 CPU profile of ``target`` with ``sections``."""
     [image] = save_images(tmp_path, 1)
-    spec = {"dtype": "float64", "device": "cpu"}
-    profile = tmp_path / "p.yaml"
-    profile.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "decoding": {"max_new_tokens": 8},
-                                       "ssd": {"layer": 2, "imitation": str(saved)}}))
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "images": [image], "turns": [QUESTION], "category": "x"}) + "\n")
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": target.name, "dtype": "float64", "device": "cpu"},
+                                       **sections}))
+    return image, str(manifest), str(profile)
+
+
+def test_bench_runs_ssd_with_and_without_the_network_side_by_side(deep, saved, tmp_path):
+    spec = {"dtype": "float64", "device": "cpu"}
+    image, manifest, profile = write_files(tmp_path, deep, decoding={"max_new_tokens": 8},
+                                           ssd={"layer": 2, "imitation": str(saved)})
     out = tmp_path / "run.jsonl"
     runner = CliRunner()
     result = runner.invoke(app, ["bench", str(manifest), "--profile", str(profile), "--drafters", "ar,ssd,ssd:plain",
@@ -154,11 +161,9 @@ def test_bench_runs_ssd_with_and_without_the_network_side_by_side(deep, saved, t
 
 
 def test_select_layer_scores_the_network_and_measures_both_ways(deep, saved, tmp_path):
-    [image] = save_images(tmp_path, 1)
     spec = {"dtype": "float64", "device": "cpu"}
-    profile = tmp_path / "p.yaml"
-    profile.write_text(yaml.safe_dump({"target": {"model": deep.name, **spec}, "decoding": {"max_new_tokens": 6},
-                                       "ssd": {"layer": 2, "imitation": str(saved)}}))
+    image, _, profile = write_files(tmp_path, deep, decoding={"max_new_tokens": 6},
+                                    ssd={"layer": 2, "imitation": str(saved)})
     written = tmp_path / "chosen.yaml"
     runner = CliRunner()
     result = runner.invoke(app, ["select-layer", image, "-q", QUESTION, "--profile", str(profile), "--imitation",
@@ -228,17 +233,12 @@ def test_train_head_imitation_learns_loads_and_decodes_losslessly(tiny_models, t
 
 
 def test_train_head_imitation_refuses_bad_layers_in_one_line(tiny_models, tmp_path):
-    target = tiny_models["target"]
-    [image] = save_images(tmp_path, 1)
-    manifest = tmp_path / "m.jsonl"
-    manifest.write_text(json.dumps({"id": "a", "images": ["img0.png"], "turns": [QUESTION], "category": "x"}) + "\n")
-    profile = tmp_path / "p.yaml"
-    profile.write_text(yaml.safe_dump({"target": {"model": target.name, "dtype": "float64", "device": "cpu"}}))
-    base = ["train-head", "imitation", str(manifest), "--profile", str(profile), "--out", str(tmp_path / "o"),
+    _, manifest, profile = write_files(tmp_path, tiny_models["target"])
+    base = ["train-head", "imitation", manifest, "--profile", profile, "--out", str(tmp_path / "o"),
             "--steps", "1", "--answer-tokens", "4"]
     runner = CliRunner()
     assert_one_line_error(runner.invoke(app, base), "train-head imitation needs --ssd-layer N")
     assert_one_line_error(runner.invoke(app, [*base, "--ssd-layer", "5"]), "ssd.layer 5 is outside [1, 1]")
-    assert_one_line_error(runner.invoke(app, ["train-head", "eagle", str(manifest), "--profile", str(profile), "--out",
+    assert_one_line_error(runner.invoke(app, ["train-head", "eagle", manifest, "--profile", profile, "--out",
                                               str(tmp_path / "e"), "--ssd-layer", "1"]),
                           "--ssd-layer is for train-head imitation")
