@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
 from mmspec_cli.drafters.registry import require_captioner
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.errors import InputError
+from mmspec_cli.models.head_files import load_head
+from mmspec_cli.models.imitation import load_imitation
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
-from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
+from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.decoding.sampling import SamplingParams
 
@@ -32,6 +36,8 @@ class ModelSet:
     target: LoadedModel
     draft: LoadedModel | None = None
     captioner: Captioner | None = None
+    heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec)
+    imitation: Any = None  # FastVLM's imitation network for ssd.layer, when ssd.imitation names one
 
     @classmethod
     def load(cls, profile: Profile, drafters: Sequence[str]) -> "ModelSet":
@@ -45,9 +51,12 @@ class ModelSet:
             require_captioner(plan, profile.captioner is not None)
         if any(p.self_speculative for p in plans):
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
+        head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         if profile.ssd.layer is not None:  # a layer the target lacks is a mistake even when no ssd drafter runs
             check_layer(profile.ssd.layer, layer_count(models.target.model))
+        if profile.ssd.imitation is not None and any(p.name == "ssd" for p in plans):
+            models.imitation = load_imitation(profile.ssd.imitation, profile.ssd.layer, models.target)
         if any(p.needs_draft for p in plans) and profile.draft is not None:
             warn_if_self_draft(profile)
             models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
@@ -55,20 +64,27 @@ class ModelSet:
         if any(p.needs_captioner for p in plans):
             spec = profile.captioner
             models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
+        for kind, spec in head_specs.items():
+            models.heads[kind] = load_head(spec.model, spec.kind or kind, spec.num_q, models.target, spec.revision)
         return models
 
-    def decoder(self, drafter: str, ssd_layer: int | None = None) -> SpeculativeDecoder:
+    def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None) -> SpeculativeDecoder:
         """A fresh decoder (own KV caches) for ``drafter`` over the shared models.
 
-        ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several).
+        ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several);
+        ``imitation``, the imitation network ``ssd`` drafts through (default: the profile's, at its layer).
         """
         profile, decoding = self.profile, self.profile.decoding
         layer = profile.ssd.layer if ssd_layer is None else ssd_layer
+        if imitation is None and layer == profile.ssd.layer:
+            imitation = self.imitation
         return SpeculativeDecoder(
             self.target,
             build_drafter(drafter, self.target, self.draft, ensemble=profile.ensemble,
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
-                          captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer),
+                          captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer,
+                          head=self.heads.get(drafter),
+                          imitation=imitation),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
@@ -80,6 +96,18 @@ class ModelSet:
             tree_depth=decoding.tree_depth,
             tree_topk=decoding.tree_topk,
         )
+
+
+def head_spec(profile: Profile, kind: str) -> HeadSpec:
+    """The profile's head for drafter ``kind``: the one of that kind, or its only head when that one names no kind."""
+    heads = profile.head
+    chosen = [h for h in heads if h.kind == kind] or [h for h in heads if h.kind is None]
+    if not chosen:
+        have = ", ".join(f"{h.kind} ({shorten(h.model)})" for h in heads)
+        raise InputError(f"drafter '{kind}' needs a {kind} head and the profile names "
+                         f"{'only ' + have if have else 'no head'}; add `head: {{model: PATH, kind: {kind}}}` to the "
+                         f"profile, or train one with `mmspec train-head {kind}`")
+    return chosen[0]
 
 
 def warn_if_self_draft(profile: Profile) -> None:

@@ -10,6 +10,14 @@ from __future__ import annotations
 #: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
 MEMBER_LETTERS = ("m", "t", "c", "p")
 
+#: Trained draft heads that read the target's own features (``models/head.py``, ``drafters/head.py``,
+#: ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's. A head is its own drafter (named by its kind),
+#: never an ensemble member.
+HEAD_KINDS = ("eagle", "vispec")
+
+#: ``ssd`` without the profile's imitation network (FastVLM's "draft without imitation"), to compare both in one run.
+SSD_PLAIN = "ssd:plain"
+
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)
@@ -38,8 +46,8 @@ MAX_TREE_BUDGET = 512
 #: The largest draft length γ a profile or ``--gamma`` accepts.
 MAX_GAMMA = 64
 
-#: Trained draft heads (``models/head.py``, ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's.
-HEAD_KINDS = ("eagle", "vispec")
+#: ``mmspec train-head imitation``: FastVLM's imitation network for ``ssd`` (``models/imitation.py``).
+IMITATION = "imitation"
 
 #: ``train-head --loss``: ViSpec's code (10·L1 + 0.1·ListMLE) or its paper (cross-entropy); ``training/losses.py``.
 TRAIN_LOSSES = ("vispec", "ce")

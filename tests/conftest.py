@@ -45,3 +45,16 @@ def tiny_dirs(tmp_path_factory):
 def tiny_models(tiny_dirs):
     """LoadedModel objects for each saved tiny model (loaded once per session)."""
     return {name: load(path, "draft" if name != "target" else "target") for name, path in tiny_dirs.items()}
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Loading a model fails the test: the refusals under test must come before any work."""
+    from mmspec_cli import api
+    from mmspec_cli.models import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(api, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)

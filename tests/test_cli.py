@@ -22,7 +22,7 @@ from mmspec_cli.decoding.events import BlockVerified, Generation, TurnFinished, 
 from mmspec_cli.models.images import load_images
 from mmspec_cli.decoding.metrics import RunStats
 
-from tests.helpers import save_images, write_profile
+from tests.helpers import assert_one_line_error, save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 10
@@ -169,25 +169,6 @@ PROFILE_ERRORS = {
     "malformed yaml": ("malformed.yaml", "is not valid YAML"),
     "wrong key": ("wrong_key.yaml", "decoding.gama: unknown key"),
 }
-
-
-def assert_one_line_error(result, fragment: str) -> None:
-    """Exit 2 and one ``error:`` line on stderr (besides transformers' loading progress bars)."""
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    assert result.stdout == ""
-    [line] = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
-    assert line.startswith("error: ") and fragment in line
-    assert result.stderr.endswith(line + "\n")
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Make loading a model fail the test: cheap refusals come first."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 @pytest.mark.parametrize("case", ERRORS)

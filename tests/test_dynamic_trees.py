@@ -18,7 +18,7 @@ from mmspec_cli.drafters import build_drafter
 from mmspec_cli.errors import InputError
 from tests import tiny
 from tests.helpers import save_images, write_profile
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
 from tests.test_engine_sampling import PARAMS, chi_square_p_value, exact_joint
 

@@ -29,7 +29,7 @@ from mmspec_cli.models.loading import resolve_device
 from mmspec_cli.models.profiles import load_profile
 
 from tests.helpers import save_images, write_profile
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 
 runner = CliRunner()
 CLI = [sys.executable, "-c", "from mmspec_cli.cli.app import main; main()"]

@@ -33,7 +33,7 @@ from mmspec_cli.models.profiles import MAX_SEED, _show, apply_overrides, load_pr
 from mmspec_cli.models.prompts import process, render_prompt
 
 from tests.conftest import load
-from tests.helpers import save_images, write_profile
+from tests.helpers import assert_one_line_error, save_images, write_profile
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = "what is in the image?"
@@ -54,28 +54,8 @@ def files(tiny_dirs, tmp_path_factory) -> dict:
     }
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Make loading a model fail the test: cheap refusals come first."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
-
-
 def cli(*args: str):
     return runner.invoke(app, list(args))
-
-
-def assert_one_line_error(result, fragment: str) -> str:
-    """Exit 2, nothing on stdout, one ``error:`` line on stderr (besides transformers' loading bars), no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr, result.exception)
-    assert result.stdout == ""
-    [line] = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
-    assert line.startswith("error: ") and fragment in line, line
-    assert result.stderr.endswith(line + "\n") and "Traceback" not in result.stderr
-    return line
 
 
 # --------------------------------------------------------------------------- images

@@ -147,3 +147,33 @@ def test_tables_off_a_terminal_ignore_a_narrow_columns(profile_file, tmp_path, m
                                       "--seq", "8", "--gammas", "1", "--repeat", "1"], env={"COLUMNS": "15"})
     assert result.exit_code == 0, result.output
     assert "Remark 2 (draft: T_q(B, S, 1) does not depend on S)" in result.stdout
+
+
+def test_cli_times_draft_heads_beside_the_target(tmp_path, tiny_dirs, tiny_models, monkeypatch):
+    """A profile with heads (and no draft model) gets a T_h row per head and its ratio to one verification."""
+    import torch
+
+    from mmspec_cli.models.head_files import save_head
+    from tests.test_heads import random_head
+
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_models["target"]
+    heads = []
+    for kind in ("eagle", "vispec"):
+        save_head(random_head(target, kind), tmp_path / kind, target="tiny", dtype=torch.float32)
+        heads.append({"model": str(tmp_path / kind), "kind": kind})
+    path = tmp_path / "heads.yaml"
+    path.write_text(yaml.safe_dump({"target": {"model": tiny_dirs["target"], "dtype": "float32", "device": "cpu"},
+                                    "head": heads}))
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(path), "--seq", "16,32", "--gammas", "1,5",
+                                      "--repeat", "2", "--tau", "2.0", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["draft"] == "none" and data["draft_ms"] == {} and [r["remark"] for r in data["remarks"]] == [1]
+    assert set(data["head_ms"]) == {"eagle", "vispec"} and set(data["head_ms"]["vispec"]) == {"16", "32"}
+    c = data["head_latency_ratio"]["vispec"]["5"]
+    assert c == pytest.approx(data["head_ms"]["vispec"]["16"] / data["target_ms"]["16,5"])
+    table = CliRunner().invoke(app, ["profile-latency", "--profile", str(path), "--seq", "16", "--gammas", "1",
+                                     "--repeat", "1"])
+    assert table.exit_code == 0, table.output
+    assert "T_h(S) ms" in table.stdout and "c vispec head" in table.stdout and "T_q(B, S, 1)" not in table.stdout

@@ -64,6 +64,17 @@ def test_builtin_profiles_parse(name):
     assert first_line.startswith("# ")
 
 
+@pytest.mark.parametrize("size", ["7b", "13b"])
+def test_the_vispec_profiles_name_the_published_heads(size):
+    profile = load_profile(f"llava16-{size}-vispec")
+    assert profile.target == ModelSpec(model=f"llava-hf/llava-v1.6-vicuna-{size}-hf", dtype="float16")
+    [head] = profile.head
+    assert (head.model, head.kind, head.num_q) == (f"JLKang/ViSpec-llava-v1.6-vicuna-{size}-hf", "vispec", 2)
+    assert profile.drafter == "vispec" and profile.draft is None
+    d = profile.decoding
+    assert (d.tree, d.tree_budget, d.tree_depth, d.tree_topk) == ("dynamic", 30, 3, 8)
+
+
 # --------------------------------------------------------------------------- good input
 
 
@@ -193,7 +204,7 @@ def test_unknown_key_top_level():
 
 @pytest.mark.parametrize("data", [[1, 2], "target", 3, None])
 def test_top_level_not_a_mapping(data):
-    refused(data, "profile: expected a mapping with keys target, draft, decoding, drafter, ensemble, captioner, pooling, ssd, got")
+    refused(data, "profile: expected a mapping with keys target, draft, decoding, drafter, ensemble, captioner, pooling, ssd, head, got")
 
 
 def test_section_not_a_mapping():
@@ -357,7 +368,7 @@ def test_apply_overrides_unknown_name_is_a_programming_error():
 def test_round_trip(data):
     profile = profile_from_dict(data, name="n", source="s")
     plain = profile_to_dict(profile)
-    assert set(plain) == {"target", "draft", "decoding", "drafter", "ensemble", "captioner", "pooling", "ssd"}
+    assert set(plain) == {"target", "draft", "decoding", "drafter", "ensemble", "captioner", "pooling", "ssd", "head"}
     dumped = yaml.safe_load(yaml.safe_dump(plain))
     assert profile_from_dict(dumped, name="n", source="s") == profile
 
@@ -372,7 +383,7 @@ def test_profile_is_a_dataclass_with_expected_fields():
     import dataclasses
 
     assert [f.name for f in dataclasses.fields(Profile)] == ["name", "source", "target", "draft", "decoding", "drafter", "ensemble",
-                                                        "captioner", "pooling", "ssd"]
+                                                        "captioner", "pooling", "ssd", "head"]
 
 
 @pytest.mark.parametrize("ensemble, fragment", [

@@ -17,7 +17,7 @@ from mmspec_cli.selectlayer.reward import candidate_layers, check_lambda, choose
 from mmspec_cli.models.profiles import load_profile
 
 from tests.helpers import save_images
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 
 LAYERS = 8
 JUMP = 3  # the confidence is flat (1/V) after layers 1 and 2, and high from layer 3 on

@@ -20,7 +20,7 @@ from mmspec_cli.decoding.sampling import TokenPicker
 
 from tests.conftest import load
 from tests.helpers import save_images, write_profile
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
 from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
 

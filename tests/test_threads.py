@@ -55,7 +55,7 @@ def test_generate_reports_its_choice_and_bench_records_carry_it(tiny_dirs, tmp_p
 
     from mmspec_cli.cli.app import app
     from tests.helpers import save_images, write_profile
-    from tests.test_cli import assert_one_line_error
+    from tests.helpers import assert_one_line_error
 
     monkeypatch.delenv("MMSPEC_THREADS", raising=False)
     profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from mmspec_cli.training.sequences import SequenceStore, Turn, read_sequence, tr
 from mmspec_cli.training.trainer import TrainConfig, batch_indices, copy_embeddings, train
 
 from tests import tiny
-from tests.helpers import save_images, write_profile
+from tests.helpers import assert_one_line_error, save_images, write_profile
 from tests.test_engine_greedy import reference
 
 runner = CliRunner()
@@ -269,12 +270,8 @@ def test_the_output_loads_and_decodes_losslessly(tiny_dirs, tiny_models, files, 
 # --------------------------------------------------------------------------- the command and its bad inputs
 
 
-def one_line(result, fragment: str) -> str:
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
+# exactly one line on stderr: these refusals come before any model shows a loading bar
+one_line = partial(assert_one_line_error, stdout_allowed=True, loading_bars=False)
 
 
 def command(files, *args: str) -> list[str]:

@@ -21,7 +21,7 @@ from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
 
 from tests.helpers import save_images, write_profile
-from tests.test_cli import assert_one_line_error
+from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
 from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
 

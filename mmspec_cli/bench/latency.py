@@ -1,10 +1,13 @@
 """Latency of target verification and draft steps (TABED App. G), and the ratio c of Eq. (1).
 
 - T_p(1, S, γ): one target forward verifying γ tokens after a cached prefix of S tokens;
-- T_q(B, S, 1): one draft forward of one token for each of B batch rows after S tokens.
+- T_q(B, S, 1): one draft forward of one token for each of B batch rows after S tokens;
+- T_h(S): one step of a draft head (``eagle``, ``vispec``) after S cached entries: its decoder
+  layer on one token plus the target's LM head, which the head shares.
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU. The latency ratio used in Eq. (1) is
-c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block.
+c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
+ratio is T_h(S) / T_p(1, S, γ).
 Results are cached as JSON per device and model pair, so ``bench`` can report Eq. (1). The
 cache key holds a fingerprint of the weights each name stands for (:func:`weights_fingerprint`),
 so a retrained model, a new release of a shipped one or a new hub revision is profiled afresh
@@ -41,6 +44,7 @@ class LatencyResult:
     draft_ms: dict[str, float] = field(default_factory=dict)  # "B,S" -> ms of T_q(B, S, 1)
     target_revision: str | None = None  # the profiles' hub revisions, part of the cache key
     draft_revision: str | None = None
+    head_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # head kind -> "S" -> ms of T_h(S)
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -60,10 +64,13 @@ class LatencyResult:
     def batches(self) -> list[int]:
         return sorted({int(k.split(",")[0]) for k in self.draft_ms})
 
-    def ratio(self, batch: int = 1, seq: int | None = None, gamma: int | None = None) -> float:
-        """c = T_q(B, S, 1) / T_p(1, S, γ) at the measured grid point nearest to (B, S, γ)."""
+    def ratio(self, batch: int = 1, seq: int | None = None, gamma: int | None = None, head: str | None = None) -> float:
+        """c = T_q(B, S, 1) / T_p(1, S, γ) at the measured grid point nearest to (B, S, γ);
+        with ``head`` (a kind): T_h(S) / T_p(1, S, γ)."""
         s = _nearest(self.seqs, seq if seq is not None else self.seqs[0])
         g = _nearest(self.gammas, gamma if gamma is not None else self.gammas[0])
+        if head is not None:
+            return self.head_ms[head][str(s)] / self.t_p(s, g)
         b = _nearest(self.batches, batch)
         return self.t_q(b, s) / self.t_p(s, g)
 
@@ -122,14 +129,38 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
     )
 
 
+@torch.inference_mode()
+def head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
+    """Median time of one draft-head step (its layer on one new entry after ``seq`` cached ones, then the
+    target's LM head): what each drafted token of ``eagle``/``vispec`` costs."""
+    from mmspec_cli.models.head import causal_mask
+
+    weight = head.fc.weight
+    generator = torch.Generator().manual_seed(seq)
+    hidden = head.fc.in_features // 2
+    prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
+    entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
+    cache = DynamicCache(config=head.config)
+    head.body(prefix, torch.arange(seq, device=weight.device)[None], causal_mask(seq, 0, weight.dtype, weight.device),
+              cache)
+    position = torch.tensor([[seq]], device=weight.device)
+    mask = causal_mask(1, seq, weight.dtype, weight.device)
+    return timer.median_ms(run=lambda: lm_head(head.body(entry, position, mask, cache)),
+                           reset=lambda: crop_to(cache, seq))
+
+
 def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[int], seqs: Sequence[int],
             gammas: Sequence[int], timer: Timer, target_revision: str | None = None,
-            draft_revision: str | None = None) -> LatencyResult:
-    """The grid of T_p(1, S, γ) and T_q(B, S, 1); ``target``/``draft`` are the loaded models."""
+            draft_revision: str | None = None, heads: dict | None = None) -> LatencyResult:
+    """The grid of T_p(1, S, γ), T_q(B, S, 1) (when there is a ``draft``) and T_h(S) of each of ``heads``
+    (kind -> loaded head); ``target``/``draft`` are the loaded models."""
     target_ms = {f"{s},{g}": step_latency_ms(target, 1, s, g, timer) for s in seqs for g in gammas}
-    draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs}
+    draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs} if draft else {}
+    lm_head = target.get_output_embeddings()
+    head_ms = {kind: {str(s): head_step_latency_ms(head, lm_head, s, timer) for s in seqs}
+               for kind, head in (heads or {}).items()}
     return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
-                         target_revision, draft_revision)
+                         target_revision, draft_revision, head_ms)
 
 
 @dataclass(frozen=True)
@@ -142,6 +173,8 @@ class RemarkCheck:
 
 def _spread(times: Sequence[float]) -> float:
     """Largest |ΔT/T| against the smallest value of a group."""
+    if not times:
+        return 0.0
     low = min(times)
     return (max(times) - low) / low if low > 0 else 0.0
 
@@ -156,7 +189,8 @@ def check_remarks(result: LatencyResult, tolerance: float = REMARK_TOLERANCE) ->
         2: "draft: T_q(B, S, 1) does not depend on S",
         3: "draft: T_q(B, S, 1) does not depend on B",
     }
-    return [RemarkCheck(i, statements[i], worst, worst < tolerance) for i, worst in ((1, r1), (2, r2), (3, r3))]
+    checked = ((1, r1), (2, r2), (3, r3)) if result.draft_ms else ((1, r1),)  # no draft model: no draft remarks
+    return [RemarkCheck(i, statements[i], worst, worst < tolerance) for i, worst in checked]
 
 
 def cache_dir() -> Path:

@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, decoding_flags
+from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -120,6 +121,10 @@ def check_profile_fits(names: list[str], profile: Profile) -> None:
             require_captioner(plan, profile.captioner is not None)
             if plan.self_speculative:
                 require_layer(profile.ssd.layer)
+            if plan.head is not None:
+                from mmspec_cli.api import head_spec
+
+                head_spec(profile, plan.head)  # the profile names a head of that kind
         if needs_draft and profile.draft is None:
             raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
                              f"or use --drafters ar")
@@ -166,8 +171,11 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     if decoding.tree is not None:  # only when set, so older files stay resumable
         drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
                                                       "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
-    if "ssd" in names:
+    if {"ssd", SSD_PLAIN} & set(names):
         drafting["ssd"] = plain["ssd"]
+    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
+    if heads and set(names) & {"eagle", "vispec"}:  # only when used, so older files stay resumable
+        drafting["head"] = heads
     ensemble = json.dumps(drafting, sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
@@ -273,23 +281,32 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
         other = next(r for r in turns if (r.get("target"), r.get("draft")) != pair)
         return {}, (f"Eq. (1) not shown: the records were made with target {_short(other.get('target'))} and draft "
                     f"{_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
-    if profile.draft is None:
+    if profile.draft is None and not profile.head:
         return {}, f"Eq. (1) not shown: profile {label} has no draft model to measure a latency ratio with"
     from mmspec_cli.bench import latency
     from mmspec_cli.bench.summary import mean_prompt_tokens
+    from mmspec_cli.cli.profile_latency import NO_DRAFT
     from mmspec_cli.models.loading import resolve_device
 
     device = latency.device_name(resolve_device(profile.target.device))
-    measured = latency.load(device, profile.target.model, profile.draft.model, profile.target.revision,
-                            profile.draft.revision)
+    measured = latency.load(device, profile.target.model, profile.draft.model if profile.draft else NO_DRAFT,
+                            profile.target.revision, profile.draft.revision if profile.draft else None)
     if measured is None:
         return {}, (f"Eq. (1) not shown: no latency ratio is cached for this device ({device}) and profile "
                     f"{label}'s models; run `mmspec profile-latency --profile {label}`")
+    # each drafter's own draft step: a head's (T_h) or the draft model's with its rows (T_q); None if not measured
+    timed = {name: rs for name, rs in ours.items() if name in measured.head_ms or
+             (measured.draft_ms and name not in HEAD_KINDS)}
     ratios = {name: measured.ratio(batch=len(rs[0].get("members") or ()) or 1, seq=mean_prompt_tokens(rs),
-                                   gamma=rs[0].get("gamma") or profile.decoding.gamma) for name, rs in ours.items()}
+                                   gamma=rs[0].get("gamma") or profile.decoding.gamma,
+                                   head=name if name in HEAD_KINDS else None) for name, rs in timed.items()}
     others = [name for name in by_drafter if name not in ours]
-    note = (f"Eq. (1) not shown for {', '.join(others)}: some of their records were made with other models than "
-            f"profile {label}'s; summarise those with their own --profile") if others else None
+    untimed = [name for name in ours if name not in timed]
+    notes = ([f"Eq. (1) not shown for {', '.join(others)}: some of their records were made with other models than "
+              f"profile {label}'s; summarise those with their own --profile"] if others else []) + \
+            ([f"Eq. (1) not shown for {', '.join(untimed)}: the cached latencies have no draft step of theirs; run "
+              f"`mmspec profile-latency --profile {label}`"] if untimed else [])
+    note = "; ".join(notes) or None
     return ratios, note
 
 

@@ -21,6 +21,7 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import load_profile
 
 GAMMAS_FOR_EQ1 = range(1, 8)
+NO_DRAFT = "none"  # the draft name of a profile that has only draft heads (cache key and display)
 DEFAULT_GAMMAS = "1,3,5,7"
 
 
@@ -83,8 +84,8 @@ def profile_latency(
         raise InputError(f"--tau: expected a block efficiency >= 1, got {tau}")
     taus = tau_from_results(results) if results is not None else ({"--tau": tau} if tau is not None else {})
     chosen = load_profile(profile)
-    if chosen.draft is None:
-        raise InputError("profile-latency times the draft too; add a `draft:` section to the profile")
+    if chosen.draft is None and not chosen.head:
+        raise InputError("profile-latency times the draft too; add a `draft:` (or a draft `head:`) section to the profile")
     if plot is not None:
         _check_plot(plot)
     _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json, check_threads(threads))
@@ -133,9 +134,15 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     from mmspec_cli.decoding.metrics import expected_speedup
     from mmspec_cli.models.loading import load_model
 
+    from mmspec_cli.models.head_files import load_head
+
     target = load_model(profile.target, "target", multi_gpu_ok=True)
-    draft = load_model(profile.draft, "draft")
-    _check_lengths(target, draft, max(seqs) + max(gammas))
+    draft = load_model(profile.draft, "draft") if profile.draft is not None else None
+    _check_lengths([m for m in (target, draft) if m is not None], max(seqs) + max(gammas))
+    heads = {}
+    for spec in profile.head:
+        head = load_head(spec.model, spec.kind, spec.num_q, target, spec.revision)
+        heads[head.kind] = head
     from mmspec_cli.models.threads import apply_threads, busy_warning
 
     choice = apply_threads(threads, target.model)
@@ -143,23 +150,27 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     if warning:
         typer.echo(warning, err=True)
     timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
-    result = latency.measure(target.model, draft.model, profile.target.model, profile.draft.model,
-                             batches, seqs, gammas, timer, profile.target.revision, profile.draft.revision)
+    result = latency.measure(target.model, draft and draft.model, profile.target.model,
+                             profile.draft.model if draft else NO_DRAFT, batches, seqs, gammas, timer,
+                             profile.target.revision, profile.draft.revision if draft else None, heads)
     try:
         path, unsaved = latency.save(result), None
     except OSError as exc:  # $MMSPEC_CACHE read-only, a file, on a full disk...
         path, unsaved = None, exc
     remarks = latency.check_remarks(result)
-    ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1}
-    speedups = {name: {g: expected_speedup(t, g, ratios[g]) for g in GAMMAS_FOR_EQ1} for name, t in taus.items()}
+    ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1} if draft else {}
+    head_ratios = {kind: {g: result.ratio(seq=seqs[0], gamma=g, head=kind) for g in GAMMAS_FOR_EQ1} for kind in heads}
+    speedups = {name: {g: expected_speedup(t, g, head_ratios.get(name, ratios)[g]) for g in GAMMAS_FOR_EQ1}
+                for name, t in taus.items() if name in head_ratios or ratios}
     if as_json:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
+                               "head_ms": result.head_ms, "head_latency_ratio": head_ratios,
                                "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
                                "expected_speedup": speedups, "tau": taus, "cache": path and str(path),
                                "threads": choice.as_dict()}))
     else:
-        _print_tables(result, remarks, ratios, speedups, taus, batches[0], seqs[0], path)
+        _print_tables(result, remarks, ratios, head_ratios, speedups, taus, batches[0], seqs[0], path)
     if plot is not None:
         _plot(result, plot)
     if unsaved is not None:
@@ -167,15 +178,15 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
                          f"({unsaved.strerror or unsaved}); set MMSPEC_CACHE to a writable folder and run again")
 
 
-def _check_lengths(target, draft, needed: int) -> None:
-    for loaded in (target, draft):
+def _check_lengths(models, needed: int) -> None:
+    for loaded in models:
         limit = getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
         if limit is not None and needed > limit:
             raise InputError(f"--seq: the {loaded.role} model '{loaded.name}' takes at most {limit} positions, "
                              f"but S + γ = {needed}; pass smaller --seq values")
 
 
-def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> None:
+def _print_tables(result, remarks, ratios, head_ratios, speedups, taus, batch, seq, path) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -186,18 +197,27 @@ def _print_tables(result, remarks, ratios, speedups, taus, batch, seq, path) -> 
     console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}")
     console.print(_grid("T_p(1, S, γ) ms: one target verification of γ tokens", result.seqs,
                         {f"γ={g}": (lambda s, g=g: result.t_p(s, g)) for g in result.gammas}))
-    console.print(_grid("T_q(B, S, 1) ms: one draft step with B rows", result.seqs,
-                        {f"B={b}": (lambda s, b=b: result.t_q(b, s)) for b in result.batches}))
+    if result.draft_ms:
+        console.print(_grid("T_q(B, S, 1) ms: one draft step with B rows", result.seqs,
+                            {f"B={b}": (lambda s, b=b: result.t_q(b, s)) for b in result.batches}))
+    if result.head_ms:
+        console.print(_grid("T_h(S) ms: one draft-head step (its decoder layer + the target's LM head)", result.seqs,
+                            {kind: (lambda s, k=kind: result.head_ms[k][str(s)]) for kind in result.head_ms}))
     for r in remarks:
         verdict = "[green]holds[/]" if r.holds else "[red]does not hold[/]"
         console.print(f"Remark {r.remark} ({r.statement}): worst |ΔT/T| = {r.worst:.1%} -> {verdict} here")
-    eq1 = Table(title=f"Latency ratio c = T_q(B={batch}, S={seq}, 1) / T_p(1, S={seq}, γ) and Eq. (1) τ/(γc+1)")
+    what = f"T_q(B={batch}, S={seq}, 1)" if ratios else f"T_h(S={seq})"
+    eq1 = Table(title=f"Latency ratio c = {what} / T_p(1, S={seq}, γ) and Eq. (1) τ/(γc+1)")
     eq1.add_column("γ", justify="right")
-    eq1.add_column("c", justify="right")
-    for name in taus:
+    if ratios:
+        eq1.add_column("c", justify="right")
+    for kind in head_ratios:
+        eq1.add_column(f"c {kind} head", justify="right")
+    for name in speedups:
         eq1.add_column(f"speedup {name} (τ={taus[name]:.2f})", justify="right")
-    for g, c in ratios.items():
-        eq1.add_row(str(g), f"{c:.3f}", *(f"{speedups[name][g]:.2f}x" for name in taus))
+    for g in GAMMAS_FOR_EQ1:
+        cells = ([f"{ratios[g]:.3f}"] if ratios else []) + [f"{head_ratios[k][g]:.3f}" for k in head_ratios]
+        eq1.add_row(str(g), *cells, *(f"{speedups[name][g]:.2f}x" for name in speedups))
     console.print(eq1)
     if not taus:
         console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
@@ -229,8 +249,10 @@ def _plot(result, path: Path) -> None:
         left.plot(result.seqs, [result.t_p(s, g) for s in result.seqs], marker="o", label=f"γ={g}")
     for b in result.batches:
         right.plot(result.seqs, [result.t_q(b, s) for s in result.seqs], marker="o", label=f"B={b}")
+    for kind, times in result.head_ms.items():
+        right.plot(result.seqs, [times[str(s)] for s in result.seqs], marker="s", label=f"{kind} head")
     left.set(title="target verification T_p(1, S, γ)", xlabel="S (tokens)", ylabel="ms")
-    right.set(title="draft step T_q(B, S, 1)", xlabel="S (tokens)", ylabel="ms")
+    right.set(title="draft step T_q(B, S, 1), head step T_h(S)", xlabel="S (tokens)", ylabel="ms")
     left.legend()
     right.legend()
     fig.suptitle(result.device)

@@ -34,6 +34,9 @@ def select_layer(
         "Also run ssd at the K best layers by reward and choose by measured speedup."))] = None,
     write: Annotated[str | None, typer.Option(metavar="PROFILE", help=(
         "Save a copy of the profile with ssd.layer set to the chosen layer."))] = None,
+    imitation: Annotated[bool, typer.Option("--imitation", help=(
+        "Also score the profile's imitation network (ssd.imitation) at its layer; with --empirical, run ssd "
+        "both with and without it."))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     threads: Threads = None,
     *,
@@ -51,14 +54,17 @@ def select_layer(
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
     chosen = apply_overrides(load_profile(profile), **overrides)
+    if imitation and chosen.ssd.imitation is None:
+        raise InputError("--imitation scores the profile's imitation network, and it names none; add "
+                         "ssd: {layer: N, imitation: PATH} (train one with `mmspec train-head imitation`)")
     threads = check_threads(threads)
     out_path = _check_write(write, chosen)
     samples = _samples(sources or [], question or [], limit)
-    result = _run(chosen, samples, lam, max_layer, empirical, threads)
+    result = _run(chosen, samples, lam, max_layer, empirical, threads, imitation)
     failed = None
     if out_path is not None:
         try:
-            _write_profile(chosen, result["chosen"], out_path)
+            _write_profile(chosen, result["chosen"], result.get("chosen_imitation", False), out_path)
             result["written"] = str(out_path)
         except OSError as exc:  # checked above, but the disk can still fill up: print the results first
             failed = exc
@@ -109,12 +115,13 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
 
 
 def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | None,
-         empirical: int | None, threads: int | None = None) -> dict[str, Any]:
+         empirical: int | None, threads: int | None = None, imitation: bool = False) -> dict[str, Any]:
     from mmspec_cli.selectlayer import calibration, reward as layer_select
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.drafters.ssd import layer_count
+    from mmspec_cli.drafters.ssd import check_layer, layer_count
+    from mmspec_cli.models.imitation import load_imitation, trained_layer
 
-    unset = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=None))
+    unset = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=None, imitation=None))
     models = ModelSet.load(unset, ["ar"])  # this chooses ssd.layer: the profile's own (maybe stale) is not checked
     from mmspec_cli.models.threads import apply_threads
 
@@ -122,9 +129,19 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
     total = layer_count(models.target.model)
     layers = layer_select.candidate_layers(total, max_layer)
     lam = layer_select.default_lambda(total) if lam is None else lam
-    calib = calibration.layer_confidences(models, samples, layers)
+    network = None
+    if imitation:  # the IN is scored at the layer it was trained for, where a profile may use it
+        n_in = check_layer(trained_layer(profile.ssd.imitation), total)
+        network = (n_in, load_imitation(profile.ssd.imitation, n_in, models.target))
+    calib = calibration.layer_confidences(models, samples, layers, network)
     reward = layer_select.rewards(calib.confidences, lam)
     by_reward = layer_select.choose_layer(reward)
+    with_in: dict[str, Any] | None = None
+    if network is not None:
+        n_in = network[0]
+        in_reward = layer_select.rewards(calib.imitation, lam)[n_in]
+        with_in = {"layer": n_in, "confidence": calib.imitation[n_in], "reward": in_reward,
+                   "better_than_plain": in_reward > reward[by_reward]}
     result: dict[str, Any] = {
         "target": profile.target.model, "threads": choice.as_dict(), "layers_total": total, "lambda": lam, "samples": calib.samples,
         "positions": calib.positions,
@@ -132,17 +149,32 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
                    for layer in layers],
         "chosen_by_reward": by_reward, "chosen": by_reward,
     }
+    if with_in is not None:
+        result["imitation"] = with_in
+        if with_in["better_than_plain"]:
+            result["chosen_by_reward"] = result["chosen"] = with_in["layer"]
+        result["chosen_imitation"] = with_in["better_than_plain"]
     if empirical:
         ranked = layer_select.ranked_layers(reward, empirical)
+        if network is not None and network[0] not in ranked:
+            ranked.append(network[0])  # both ways at the IN's layer
         measured = calibration.measure_layers(models, samples, ranked, calib.ar)
+        if network is not None:
+            measured += calibration.measure_layers(models, samples, [network[0]], calib.ar, imitation=network[1])
+        best = calibration.best_measured(measured)
         result["empirical"] = [dataclasses.asdict(m) for m in measured]
         result["gamma"] = profile.decoding.gamma
-        result["chosen_by_measurement"] = result["chosen"] = calibration.best_measured(measured)
+        result["chosen_by_measurement"] = result["chosen"] = best.layer
+        if network is not None:
+            result["chosen_imitation"] = best.imitation
     return result
 
 
-def _write_profile(profile: Profile, layer: int, path: Path) -> None:
-    data = profile_to_dict(dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer)))
+def _write_profile(profile: Profile, layer: int, with_imitation: bool, path: Path) -> None:
+    """The profile with ``ssd.layer: layer``; its imitation network kept only when the choice drafts through it."""
+    imitation = profile.ssd.imitation if with_imitation else None
+    data = profile_to_dict(dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer,
+                                                                                 imitation=imitation)))
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
@@ -154,21 +186,31 @@ def _report(result: dict[str, Any]) -> str:
     for row in result["layers"]:
         mark = "  <- chosen by reward" if row["layer"] == result["chosen_by_reward"] else ""
         lines.append(f"{row['layer']:>5}  {row['confidence']:>7.4f}  {row['reward']:>8.4f}{mark}")
-    lines.append(f"reward (FastVLM App. A.4): n = argmax C_l - λ·l = {result['chosen_by_reward']}")
+    if "imitation" in result:
+        im = result["imitation"]
+        lines.append(f"{im['layer']:>5}  {im['confidence']:>7.4f}  {im['reward']:>8.4f}  with the imitation network"
+                     + ("  <- chosen by reward" if result["chosen_imitation"] and "empirical" not in result else ""))
+    lines.append(f"reward (FastVLM App. A.4): n = argmax C_l - λ·l = {result['chosen_by_reward']}"
+                 + (" with the imitation network" if result.get("chosen_imitation") and "empirical" not in result
+                    else ""))
     if "empirical" in result:
         lines.append(f"ssd measured on the calibration set (γ = {result['gamma']}):")
         lines.append(f"{'layer':>5}  {'τ':>6}  {'c':>7}  {'Eq.(1)':>7}  {'speedup':>8}")
         for m in result["empirical"]:
-            mark = "  <- best measured" if m["layer"] == result["chosen_by_measurement"] else ""
+            best = m["layer"] == result["chosen_by_measurement"] and m["imitation"] == result.get("chosen_imitation", False)
+            mark = "  <- best measured" if best else ""
             lines.append(f"{m['layer']:>5}  {m['block_efficiency']:>6.3f}  {m['latency_ratio']:>7.4f}  "
-                         f"{m['expected_speedup']:>6.3f}x  {m['speedup']:>7.3f}x{mark}")
+                         f"{m['expected_speedup']:>6.3f}x  {m['speedup']:>7.3f}x"
+                         + ("  with the imitation network" if m["imitation"] else "") + mark)
         if result["chosen_by_measurement"] != result["chosen_by_reward"]:
             lines.append(f"the choices differ: the reward picks {result['chosen_by_reward']}, the measured speedup "
                          f"picks {result['chosen_by_measurement']} (the reward is only a proxy); using "
                          f"{result['chosen_by_measurement']}")
         else:
             lines.append(f"the reward's choice {result['chosen_by_reward']} is also the best measured")
-    lines.append(f"chosen: ssd.layer = {result['chosen']}")
+    lines.append(f"chosen: ssd.layer = {result['chosen']}" + (
+        "" if "chosen_imitation" not in result else
+        ", through the imitation network" if result["chosen_imitation"] else ", without the imitation network"))
     if "written" in result:
         lines.append(f"wrote {result['written']} (the profile with ssd.layer: {result['chosen']})")
     return "\n".join(lines) + "\n"

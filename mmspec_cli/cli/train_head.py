@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.choices import HEAD_KINDS, TRAIN_LOSSES
+from mmspec_cli.choices import HEAD_KINDS, IMITATION, TRAIN_LOSSES
 from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads
 from mmspec_cli.errors import InputError
@@ -22,7 +22,8 @@ from mmspec_cli.models.profiles import load_profile
 
 def train_head(
     kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False, help=(
-        "vispec (ViSpec's head: vision adaptor, global image feature) or eagle (EAGLE-2's head)."))],
+        "vispec (ViSpec's head: vision adaptor, global image feature), eagle (EAGLE-2's head), or imitation "
+        "(FastVLM's imitation network for ssd, after --ssd-layer N)."))],
     source: Annotated[str, typer.Argument(metavar="SOURCE", show_default=False, help=(
         "Prompts the target answers: a JSONL manifest, a built-in suite, demo-train (the demo family's "
         "training corpus) or a dataset id."))],
@@ -50,15 +51,22 @@ def train_head(
     answer_suffix: Annotated[str | None, typer.Option(metavar="TEXT", help=(
         "Appended to every prompt (default: ViSpec's \"Please answer with at least 1000 words.\"; '' for none)."))] = None,
     answer_tokens: Annotated[int, typer.Option(metavar="N", help="At most N tokens per answer.")] = 1024,
+    ssd_layer: Annotated[int | None, typer.Option(metavar="N", help=(
+        "imitation: the exit layer the network follows (ssd.layer of the profiles that will use it)."))] = None,
     threads: Threads = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Train a draft head (ViSpec or EAGLE-2) for the profile's target, with ViSpec's recipe.
+    """Train a draft head (ViSpec or EAGLE-2) for the profile's target with ViSpec's recipe, or FastVLM's imitation network for ssd.
 
     The target answers SOURCE's prompts (sampled, stored as JSONL beside DIR, reused and resumed); the head learns from the target's own features and distributions over those answers, with multi-token passes. Run it under `accelerate launch` on several GPUs.
     """
-    if kind not in HEAD_KINDS:
-        raise InputError(f"KIND: expected one of {', '.join(HEAD_KINDS)}, got {shorten(kind)}")
+    if kind not in (*HEAD_KINDS, IMITATION):
+        raise InputError(f"KIND: expected one of {', '.join((*HEAD_KINDS, IMITATION))}, got {shorten(kind)}")
+    if kind == IMITATION and ssd_layer is None:
+        raise InputError("train-head imitation needs --ssd-layer N, the exit layer the network follows "
+                         "(`mmspec select-layer` suggests one)")
+    if kind != IMITATION and ssd_layer is not None:
+        raise InputError(f"--ssd-layer is for train-head imitation; a {shorten(kind)} head reads the target's last layer")
     if loss not in TRAIN_LOSSES:
         raise InputError(f"--loss: expected one of {', '.join(TRAIN_LOSSES)}, got {shorten(loss)}")
     for flag, value in (("--epochs", epochs), ("--steps", steps), ("--limit", limit), ("--mtp", mtp),
@@ -85,7 +93,7 @@ def train_head(
     settings = TrainHeadSettings(
         kind=kind, source=source, out=folder, epochs=epochs, steps=steps, lr=lr, mtp=mtp, resume=resume,
         limit=limit, seed=seed, batch_size=batch_size, checkpoint_every=checkpoint_every, held_out=held_out,
-        loss=loss, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
+        loss=loss, ssd_layer=ssd_layer, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
                                           seed=seed))
     report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
@@ -96,7 +104,8 @@ def train_head(
 
 def _summary(report: dict, kind: str, target: str, folder: Path) -> str:
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    lines = [f"wrote {folder} ({kind} head for {target}, {size / 1e6:.2f} MB)",
+    what = f"imitation network after layer {report['layer']}" if kind == IMITATION else f"{kind} head"
+    lines = [f"wrote {folder} ({what} for {target}, {size / 1e6:.2f} MB)",
              f"trained on {report['sequences']} answered turns of {report['source']} ({report['skipped']} skipped): "
              f"{report['steps']} steps, {report['epochs']} epochs, in {report['seconds']['training']:.0f} s "
              f"(answers {report['seconds']['answers']:.0f} s)"]

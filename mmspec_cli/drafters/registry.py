@@ -4,7 +4,10 @@ Names: ``ar``; single methods ``m``, ``t``, ``c``, ``p``; static ensembles, any 
 of those letters without repeats (``mt``, ``mtc``, ``mtcp``, ...; IbED Alg. 1, equal
 weights); ``tabed`` (members from the profile's ``ensemble.members``, default ``[m, t]``)
 and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``); ``ssd``, self-speculative
-drafting with the target's first ``ssd.layer`` layers (FastVLM), which is never an ensemble member.
+drafting with the target's first ``ssd.layer`` layers (FastVLM), through the profile's imitation network
+when ``ssd.imitation`` names one (``ssd:plain``: never), which is never an ensemble member;
+``eagle`` and ``vispec``, a trained draft head over the target's features (the profile's ``head:``),
+never ensemble members either.
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
 (:mod:`.rows`), which needs a LLaVA-1.5-style draft.
@@ -17,13 +20,14 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import BENCH_PEERS, MEMBER_LETTERS
+from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import llava_parts
+from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
@@ -36,6 +40,7 @@ class DrafterPlan:
     members: tuple[str, ...]
     adaptive: bool
     self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
+    head: str | None = None  # eagle / vispec: the kind of trained head that drafts; no draft model
 
     @property
     def needs_draft(self) -> bool:
@@ -51,6 +56,11 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
         if letter == "s":
             raise InputError(f"drafter '{name}': ssd can't be an ensemble member (ensemble members are rows of the "
                              f"draft model's batch; ssd drafts with the target's own layers); use --drafter ssd alone")
+        if letter in ("v", "e"):
+            head = {"e": "eagle", "v": "vispec"}[letter]
+            raise InputError(f"drafter '{name}': a draft head ({head}) can't be an ensemble member (ensemble members "
+                             f"are rows of the draft model's batch; a head is another network over the target's "
+                             f"features, with its own cache); use --drafter {head} alone")
         if letter not in MEMBER_LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
                              f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or use ar")
@@ -66,8 +76,10 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
                          f"run it beside the drafters with `mmspec bench SOURCE --drafters ar,{name}`")
     if name == "ar":
         return DrafterPlan(name, (), adaptive=False)
-    if name == "ssd":
+    if name in ("ssd", SSD_PLAIN):
         return DrafterPlan(name, (), adaptive=False, self_speculative=True)
+    if name in HEAD_KINDS:
+        return DrafterPlan(name, (), adaptive=False, head=name)
     if name == "tabed":
         return DrafterPlan(name, tuple(default_members), adaptive=True)
     if name.startswith("tabed:"):
@@ -76,7 +88,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
             raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
         return DrafterPlan(name, members, adaptive=True)
     if not name:
-        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, or tabed")
+        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle "
+                         "or vispec")
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
@@ -112,10 +125,19 @@ def build_drafter(
     captioner: Captioner | None = None,
     seed: int = 0,
     ssd_layer: int | None = None,
+    head=None,
+    imitation=None,
 ) -> Drafter:
+    """The drafter ``name`` over the loaded models; ``head`` is the loaded draft head for ``eagle``/``vispec``,
+    ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does)."""
     plan = parse_drafter(name, default_members)
     if plan.self_speculative:
-        return SelfSpeculativeDrafter(target, ssd_layer)
+        return SelfSpeculativeDrafter(target, ssd_layer, imitation if name == "ssd" else None, name=name)
+    if plan.head is not None:
+        if head is None or head.kind != plan.head:
+            raise InputError(f"drafter '{name}' needs a {plan.head} head; add `head: {{model: PATH, kind: {plan.head}}}` "
+                             f"to the profile, or train one with `mmspec train-head {plan.head}`")
+        return HeadDrafter(target, head)
     if not plan.needs_draft:
         return NoDrafter()
     if draft is None:

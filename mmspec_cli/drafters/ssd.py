@@ -74,10 +74,12 @@ def check_layer(layer: int | None, total: int) -> int:
     return layer
 
 
-def early_exit_decoder(model: Any, layers: int) -> torch.nn.Module:
+def early_exit_decoder(model: Any, layers: int, imitation: torch.nn.Module | None = None) -> torch.nn.Module:
     """A decoder made of the target's embedding, first ``layers`` layers, final norm and rotary embedding.
 
     Shares every parameter with ``model``; its forward returns normed hidden states after layer ``layers``.
+    With an ``imitation`` network (FastVLM's IN), the hidden state after layer ``layers`` goes through it
+    before the final norm: the view's norm is ``Sequential(imitation, the target's norm)``.
     """
     decoder = text_decoder(model)
     config = copy.deepcopy(decoder.config)
@@ -88,6 +90,8 @@ def early_exit_decoder(model: Any, layers: int) -> torch.nn.Module:
         view = type(decoder)(config)  # an empty shell: every child is replaced below
     for name, child in decoder.named_children():
         setattr(view, name, torch.nn.ModuleList(list(child)[:layers]) if name == "layers" else child)
+    if imitation is not None:
+        view.norm = torch.nn.Sequential(imitation, decoder.norm)
     leftovers = [n for n, t in [*view.named_parameters(), *view.named_buffers()] if t.is_meta]
     if leftovers:
         raise ModelLoadError(f"self-speculative drafting can't share {type(decoder).__name__}'s "
@@ -101,14 +105,16 @@ def shared_layers(cache: Cache, layers: int) -> Cache:
 
 
 class SelfSpeculativeDrafter(TreeDrafting, Drafter):
-    """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache."""
+    """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache; with an
+    ``imitation`` network (FastVLM's IN) between that layer and the final norm when one is given."""
 
-    name = "ssd"
-
-    def __init__(self, target: LoadedModel, layer: int):
+    def __init__(self, target: LoadedModel, layer: int, imitation: torch.nn.Module | None = None,
+                 name: str = "ssd"):
+        self.name = name
         self.target = target
         self.layer = check_layer(layer, layer_count(target.model))
-        self.decoder = early_exit_decoder(target.model, self.layer)
+        self.imitation = imitation
+        self.decoder = early_exit_decoder(target.model, self.layer, imitation)
         self.head = target.model.get_output_embeddings()
         self.runner: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])

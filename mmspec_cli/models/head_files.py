@@ -143,7 +143,7 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
         num_q = stored
     head = DraftHead(info.config, found, num_q or info.num_q or DEFAULT_NUM_Q)
     check_tensors(head, weights, shown)
-    head.load_state_dict(weights, strict=True)
+    head.load_state_dict(weights, strict=True, assign=True)  # keep the stored precision until the cast below
     lm_head = target.model.get_output_embeddings().weight
     return head.to(device=lm_head.device, dtype=lm_head.dtype).eval()
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
-from mmspec_cli.choices import (DTYPES, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
+from mmspec_cli.choices import (DTYPES, HEAD_KINDS, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
                                 QUANTIZATIONS, SCHEDULES, TREE_KINDS)
 from mmspec_cli.errors import ProfileError
 from mmspec_cli.models.prompts import shorten
@@ -341,9 +341,40 @@ class PoolingSpec:
 
 @dataclass(frozen=True)
 class SsdSpec:
-    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft."""
+    """Self-speculative drafting (``ssd``, FastVLM): how many of the target's first decoder layers draft, and the
+    imitation network (folder, hub id or ``mmspec:NAME``) trained to follow that layer, if any."""
 
     layer: int | None = _key(_optional(_integer(1)), None)  # in [1, L-1]; checked against the model when it loads
+    imitation: str | None = _key(_optional(_string), None)  # FastVLM's imitation network after that layer
+
+    def __post_init__(self) -> None:
+        if self.imitation is not None and self.layer is None:
+            raise ProfileError(f"ssd.imitation names an imitation network ({shorten(self.imitation)}) but ssd.layer "
+                               f"is not set; set ssd.layer to the layer it was trained for")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A trained draft head (``eagle``, ``vispec``): folder, hub id or ``mmspec:NAME``; its kind and ViSpec's num_q.
+
+    ``kind`` and ``num_q`` may be left out: the checkpoint says them (its ``mmspec`` block, or its tensors).
+    """
+
+    model: str = _key(_string)
+    kind: str | None = _key(_choice(None, *HEAD_KINDS), None)
+    num_q: int | None = _key(_optional(_integer(2, 64)), None)
+    revision: str | None = _key(_optional(_string), None)
+
+
+def _heads(value: Any, path: str) -> tuple[HeadSpec, ...]:
+    """``head:`` is one head ({model, kind, num_q}) or a list of them, at most one per kind."""
+    items = value if isinstance(value, list) else [value]
+    heads = tuple(_build(HeadSpec, item, f"{path}[{i}]" if isinstance(value, list) else path)
+                  for i, item in enumerate(items))
+    kinds = [h.kind for h in heads]
+    if len(heads) > 1 and (None in kinds or len(set(kinds)) != len(kinds)):
+        _fail(path, "one head, or a list with one head per kind, each with its kind: (eagle, vispec)", value)
+    return heads
 
 
 @dataclass(frozen=True)
@@ -360,6 +391,7 @@ class Profile:
     captioner: CaptionerSpec | None = _key(_section(CaptionerSpec, optional=True), None)
     pooling: PoolingSpec = _key(_section(PoolingSpec), factory=PoolingSpec)
     ssd: SsdSpec = _key(_section(SsdSpec), factory=SsdSpec)
+    head: tuple[HeadSpec, ...] = _key(lambda v, p: () if v is None else _heads(v, p), ())
 
 
 # --------------------------------------------------------------------------- public API
@@ -583,7 +615,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         if dataclasses.is_dataclass(obj):
             return {f.name: plain(getattr(obj, f.name)) for f in _keys(type(obj))}
         if isinstance(obj, tuple):
-            return list(obj)
+            return [plain(item) for item in obj]
         return obj
 
     return plain(profile)

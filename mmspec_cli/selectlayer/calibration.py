@@ -3,7 +3,8 @@
 :func:`layer_confidences` decodes every sample with the target alone (``ar``, the profile's
 decoding settings), then runs one forward per turn over prompt + answer with the hidden
 states of every layer, and sums the confidence max softmax(LM head(final norm(h_l))) over
-the positions that predict the generated tokens (the maths is in :mod:`.reward`).
+the positions that predict the generated tokens (the maths is in :mod:`.reward`); with FastVLM's
+imitation network, C_n also through it (IN + final norm + LM head) at the layer n it was trained for.
 :func:`measure_layers` runs ``ssd`` at given layers over the same samples and measures what
 the reward only stands in for: block efficiency τ, the latency ratio c and the speedup.
 """
@@ -13,10 +14,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mmspec_cli.api import ModelSet
+from mmspec_cli.choices import SSD_PLAIN
 from mmspec_cli.bench.samples import Sample, load_sample_images
 from mmspec_cli.models.parts import text_decoder
 from mmspec_cli.decoding.events import BlockVerified, Generation
@@ -36,6 +39,7 @@ class Calibration:
     positions: int
     samples: int
     ar: RunStats
+    imitation: dict[int, float] | None = None  # C_n with the imitation network in place, at its layer n
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,13 @@ class LayerMeasurement:
     latency_ratio: float
     expected_speedup: float
     speedup: float
+    imitation: bool = False  # drafted through the imitation network
 
 
-def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample],
-            ssd_layer: int | None = None) -> list[tuple[Sample, list, Generation]]:
+def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample], ssd_layer: int | None = None,
+            imitation: Any = None) -> list[tuple[Sample, list, Generation]]:
     """Decode every sample with ``drafter`` after one short untimed warm-up turn."""
-    decoder = models.decoder(drafter, ssd_layer=ssd_layer)
+    decoder = models.decoder(drafter, ssd_layer=ssd_layer, imitation=imitation)
     loaded = [(sample, load_sample_images(sample)) for sample in samples]
     if loaded:
         sample, images = loaded[0]
@@ -63,12 +68,15 @@ def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample],
 
 
 @torch.inference_mode()
-def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int]) -> Calibration:
-    """C_l for each of ``layers``, averaged over the generated positions of every turn of every sample."""
+def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int],
+                      imitation: tuple[int, torch.nn.Module] | None = None) -> Calibration:
+    """C_l for each of ``layers``, averaged over the generated positions of every turn of every sample;
+    with ``imitation`` = (n, IN), also C_n with the IN between layer n and the final norm."""
     target = models.target
     decoder = text_decoder(target.model)
     head = target.model.get_output_embeddings()
     sums = dict.fromkeys(layers, 0.0)
+    imitated = 0.0
     positions = 0
     runs = _decode(models, "ar", samples)
     for sample, images, generation in runs:
@@ -83,10 +91,15 @@ def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Seque
             predicting = torch.arange(len(prompt.ids) - 1, ids.shape[1] - 1, device=ids.device)  # (P,)
             for layer, total in max_confidence_sums(out.hidden_states, predicting, layers, decoder.norm, head).items():
                 sums[layer] += total
+            if imitation is not None:
+                n, network = imitation
+                through = torch.nn.Sequential(network, decoder.norm)
+                imitated += max_confidence_sums(out.hidden_states, predicting, [n], through, head)[n]
             positions += len(predicting)
             answers.append(result.text)
     ar = RunStats.total(g.stats for _, _, g in runs)
-    return Calibration({layer: s / max(positions, 1) for layer, s in sums.items()}, positions, len(runs), ar)
+    with_in = None if imitation is None else {imitation[0]: imitated / max(positions, 1)}
+    return Calibration({layer: s / max(positions, 1) for layer, s in sums.items()}, positions, len(runs), ar, with_in)
 
 
 def latency_ratio(blocks: Sequence[BlockVerified]) -> float:
@@ -102,12 +115,14 @@ def latency_ratio(blocks: Sequence[BlockVerified]) -> float:
 
 
 def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence[int],
-                   ar: RunStats) -> list[LayerMeasurement]:
-    """Run ``ssd`` at each of ``layers`` on ``samples``; τ, c, Eq. (1) and the walltime speedup over ``ar``."""
+                   ar: RunStats, imitation: torch.nn.Module | None = None) -> list[LayerMeasurement]:
+    """Run ``ssd`` at each of ``layers`` on ``samples`` (through ``imitation`` when given, else ``ssd:plain``);
+    τ, c, Eq. (1) and the walltime speedup over ``ar``."""
     ar_per_token = ar.wall_s / max(ar.new_tokens, 1)
     out = []
     for layer in layers:
-        runs = _decode(models, "ssd", samples, ssd_layer=layer)
+        drafter = "ssd" if imitation is not None else SSD_PLAIN
+        runs = _decode(models, drafter, samples, ssd_layer=layer, imitation=imitation)
         stats = RunStats.total(g.stats for _, _, g in runs)
         tau = stats.block_efficiency
         blocks = [b for _, _, g in runs for t in g.turns for b in t.blocks]
@@ -116,10 +131,10 @@ def measure_layers(models: ModelSet, samples: Sequence[Sample], layers: Sequence
         gamma = statistics.fmean(drafted) if drafted else models.profile.decoding.gamma
         per_token = stats.wall_s / max(stats.new_tokens, 1)
         out.append(LayerMeasurement(layer, tau, c, expected_speedup(tau, gamma, c),
-                                    ar_per_token / per_token if per_token > 0 else float("nan")))
+                                    ar_per_token / per_token if per_token > 0 else float("nan"), imitation is not None))
     return out
 
 
-def best_measured(measurements: Sequence[LayerMeasurement]) -> int:
-    """The layer with the highest measured walltime speedup (ties: the shallower)."""
-    return min(measurements, key=lambda m: (-m.speedup, m.layer)).layer
+def best_measured(measurements: Sequence[LayerMeasurement]) -> LayerMeasurement:
+    """The run with the highest measured walltime speedup (ties: the shallower, then the one without an IN)."""
+    return min(measurements, key=lambda m: (-m.speedup, m.layer, m.imitation))

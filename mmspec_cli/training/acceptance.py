@@ -1,4 +1,4 @@
-"""How well a head drafts: its block efficiency τ on held-out conversations, decoded by the real engine.
+"""How well a trained drafter (a head, or ``ssd`` through an imitation network) drafts: its block efficiency τ on held-out conversations, decoded by the real engine.
 
 τ = tokens emitted / target calls (mmspec's definition: the bonus token included, so τ ∈ [1, γ + 1]),
 pooled over every turn. Greedy, a chain of γ = 5 by default, or any tree the engine supports.
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.metrics import RunStats
-from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.errors import MmspecError
-from mmspec_cli.models.head import DraftHead
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.training.corpus import Conversation
 
@@ -31,11 +30,12 @@ class Acceptance:
                 "new_tokens": self.new_tokens, "blocks": self.blocks}
 
 
-def measure(target: LoadedModel, head: DraftHead, conversations: Sequence[Conversation], max_new_tokens: int,
+def measure(target: LoadedModel, drafter: Drafter, conversations: Sequence[Conversation], max_new_tokens: int,
             gamma: int = 5, tree: str | None = None, tree_budget: int = 30, tree_depth: int = 3,
             tree_topk: int = 8) -> Acceptance:
-    """Greedy decoding of every conversation with ``head`` drafting; conversations whose images fail are skipped."""
-    decoder = SpeculativeDecoder(target, HeadDrafter(target, head), gamma=gamma, max_new_tokens=max_new_tokens,
+    """Greedy decoding of every conversation with ``drafter`` (a head's, or ``ssd`` through an imitation network);
+    conversations whose images fail are skipped."""
+    decoder = SpeculativeDecoder(target, drafter, gamma=gamma, max_new_tokens=max_new_tokens,
                                  tree=tree, tree_budget=tree_budget, tree_depth=tree_depth, tree_topk=tree_topk)
     parts: list[RunStats] = []
     for conversation in conversations:

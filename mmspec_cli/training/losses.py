@@ -108,3 +108,23 @@ def uniform_noise(features: torch.Tensor, scale: float, generator: torch.Generat
     rms = features.detach().float().pow(2).mean().sqrt()
     u = torch.rand(features.shape, generator=generator, dtype=torch.float32, device="cpu").to(features.device)
     return ((u - 0.5) * scale * rms).to(features.dtype)
+
+
+def cosine_distance(output: torch.Tensor, fused: torch.Tensor) -> torch.Tensor:
+    """FastVLM's similarity loss, 1 − x_I·x_fused / (‖x_I‖ ‖x_fused‖), mean over positions ((n, D) each)."""
+    return (1 - torch.nn.functional.cosine_similarity(_wide(output), _wide(fused), dim=-1)).mean()
+
+
+def distillation(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Knowledge distillation (Hinton et al. 2015, T = 1): KL(p ‖ q) = Σ_v p_v (log p_v − log q_v), mean over positions."""
+    log_p = torch.log_softmax(_wide(target_logits), dim=-1)
+    log_q = torch.log_softmax(_wide(draft_logits), dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=-1).mean()
+
+
+def imitation_loss(draft_logits: torch.Tensor, tokens: torch.Tensor, target_logits: torch.Tensor,
+                   output: torch.Tensor, fused: torch.Tensor) -> torch.Tensor:
+    """FastVLM's loss for the imitation network (§5, Table 1 "Ours+CS+KD"): cross-entropy on the target's own
+    tokens + cosine distance to the fused deep states + distillation from the target's distribution, equal weights."""
+    ce = torch.nn.functional.cross_entropy(_wide(draft_logits), tokens)
+    return ce + cosine_distance(output, fused) + distillation(draft_logits, target_logits)

@@ -27,9 +27,13 @@ from typing import Any
 import torch
 
 from mmspec_cli.bench.records import OutLock
+from mmspec_cli.choices import IMITATION
+from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter, check_layer, layer_count
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
 from mmspec_cli.models.head_files import head_config, load_head, save_head
+from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_imitation
 from mmspec_cli.models.loading import LoadedModel, load_model, resolve_device
 from mmspec_cli.models.profiles import Profile
 from mmspec_cli.models.prompts import shorten
@@ -37,8 +41,9 @@ from mmspec_cli.training import acceptance
 from mmspec_cli.training.answers import AnswerSettings, answers_path, generate_answers
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
+from mmspec_cli.training.imitation import ImitationObjective, layer_reader
 from mmspec_cli.training.progress import Phase, TrainingNotes
-from mmspec_cli.training.sequences import SequenceStore, Turn, trainable
+from mmspec_cli.training.sequences import SequenceStore, Turn, read_sequence, trainable
 from mmspec_cli.training.trainer import TrainConfig, copy_embeddings, make_accelerator, train
 
 DEFAULT_EPOCHS = 20  # ViSpec
@@ -74,6 +79,7 @@ class TrainHeadSettings:
     evaluate: Sequence[Conversation] | None = None
     eval_max_new_tokens: int | None = None  # None: the profile's decoding.max_new_tokens
     measure_before: bool = True
+    ssd_layer: int | None = None  # imitation: the exit layer the network follows
 
 
 def check_out(out: Path) -> None:
@@ -119,7 +125,7 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     s = settings
     check_out(s.out)
     answers_file = s.answers_file or answers_path(s.out)
-    # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on a CPU too
+    # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on CPUs too
     accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
     lock = OutLock.acquire(answers_file) if accelerator.is_main_process else None  # one run per answers file
     try:
@@ -129,8 +135,8 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
             lock.release()
 
 
-def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, accelerator: Any, log: Callable[[str], None],
-                progress: bool | None, on_target: Callable[[LoadedModel], Any] | None,
+def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, accelerator: Any,
+                log: Callable[[str], None], progress: bool | None, on_target: Callable[[LoadedModel], Any] | None,
                 on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
     target_name = profile.target.model
     resume = check_start(s.out, s.resume, s.kind, target_name)
@@ -143,6 +149,12 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     clock = time.perf_counter()
     target = _load_target(profile, accelerator)
     main = accelerator.is_main_process
+    if s.kind == IMITATION:
+        check_layer(s.ssd_layer, layer_count(target.model))  # out of range: refused before the answers
+        if resume is not None and resume.get("layer") != s.ssd_layer:
+            raise InputError(f"--resume: {shorten(str(s.out))} is the checkpoint of an imitation network for layer "
+                             f"{resume.get('layer')}, not {s.ssd_layer}; pass --ssd-layer {resume.get('layer')} or "
+                             f"pick another --out")
     if on_target is not None:
         on_target(target)
     max_new = s.eval_max_new_tokens or profile.decoding.max_new_tokens
@@ -165,7 +177,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
         log(f"skipped {len(failed)} of {len(records)} turns whose inputs failed (recorded in "
             f"{shorten(str(answers_file))}); first: {failed[0].error}")
     by_id = {c.id: c for c in training}
-    store = SequenceStore(target, [Turn(by_id[a.id], a) for a in usable])
+    reader = layer_reader(s.ssd_layer) if s.kind == IMITATION else read_sequence
+    store = SequenceStore(target, [Turn(by_id[a.id], a) for a in usable], reader=reader)
     epochs = s.epochs if s.epochs is not None else DEFAULT_EPOCHS
     steps = s.steps if s.steps is not None else epochs * math.ceil(len(store) / s.batch_size)
     config = TrainConfig(steps=steps, batch_size=s.batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
@@ -173,6 +186,17 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     if resume is not None:
         check_settings(resume, {**asdict(config), "sequences": len(store)}, f"{shorten(str(s.out))}/checkpoint.pt")
 
+    report: dict[str, Any] = {
+        "process": accelerator.process_index, "processes": accelerator.num_processes, "source": s.source,
+        "conversations": len(training), "turns": len(records), "skipped": len(failed),
+        "sequences": len(store), "steps": steps, "epochs": round(steps * s.batch_size / len(store), 2),
+        "batch_size": s.batch_size, "lr": s.lr, "noise": s.noise, "seed": s.seed,
+        "answers": {k: v for k, v in asdict(s.answers).items()},
+    }
+    if s.kind == IMITATION:
+        return _train_imitation(target, target_name, store, config, s, held, resume, max_new, report, clock,
+                                answers_s, accelerator, log, progress, on_step)
+    report.update(mtp=s.mtp, loss=s.loss)
     torch.manual_seed(s.seed)
     head = DraftHead(head_config(target), s.kind, s.num_q)
     copy_embeddings(head, target)
@@ -180,7 +204,7 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store)}
     keep: dict[str, Any] = {}
     if s.measure_before and held and resume is None and main:
-        keep["before"] = acceptance.measure(target, head.eval(), held, max_new).as_dict()
+        keep["before"] = acceptance.measure(target, HeadDrafter(target, head.eval()), held, max_new).as_dict()
         log(f"acceptance before training: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
             f"conversations (γ = 5, greedy)")
     notes = TrainingNotes()
@@ -194,26 +218,67 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
 
         result = train(head, target, store, config, s.out, identity, resume, keep, on_step=step_done,
                        accelerator=accelerator)
-    report: dict[str, Any] = {
-        "process": accelerator.process_index, "processes": accelerator.num_processes, "source": s.source,
-        "conversations": len(training), "turns": len(records), "skipped": len(failed),
-        "sequences": len(store), "steps": steps, "epochs": round(steps * s.batch_size / len(store), 2),
-        "batch_size": s.batch_size, "lr": s.lr, "mtp": s.mtp, "loss": s.loss, "noise": s.noise, "seed": s.seed,
-        "answers": {k: v for k, v in asdict(s.answers).items()},
-        "final": result.tail(),
-        "seconds": {"answers": round(answers_s, 1), "training": round(result.seconds, 1)},
-    }
+    report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
         extra = {"training": report}
         save_head(head, s.out, target_name, dtype=torch.float16, extra=extra)
         if held:
             loaded = load_head(str(s.out), s.kind, s.num_q, target)
-            after = acceptance.measure(target, loaded, held, max_new).as_dict()
+            after = acceptance.measure(target, HeadDrafter(target, loaded), held, max_new).as_dict()
             report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
                                     "before": result.kept.get("before"), "after": after}
             log(f"acceptance after training: τ {after['block_efficiency']:.3f} on {len(held)} held-out conversations"
                 + (f" (before: {result.kept['before']['block_efficiency']:.3f})" if result.kept.get("before") else ""))
             save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report})
+        checkpoint_path(s.out).unlink(missing_ok=True)
+    report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
+    accelerator.wait_for_everyone()
+    return report
+
+
+def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore, config: TrainConfig,
+                     s: TrainHeadSettings, held: Sequence[Conversation], resume: dict[str, Any] | None, max_new: int,
+                     report: dict[str, Any], clock: float, answers_s: float, accelerator: Any,
+                     log: Callable[[str], None],
+                     progress: bool | None, on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
+    """FastVLM's imitation network after layer ``s.ssd_layer`` (:mod:`.imitation`): trained on the same answers,
+    with the same loop, checkpoints and progress as the heads; written with ``save_imitation``."""
+    layer = s.ssd_layer
+    main = accelerator.is_main_process
+    torch.manual_seed(s.seed)
+    hidden = (getattr(target.model.config, "text_config", None) or target.model.config).hidden_size
+    objective = ImitationObjective(ImitationNetwork(hidden), target, s.noise)
+    identity = {"kind": IMITATION, "layer": layer, "target": target_name, "sequences": len(store)}
+    keep: dict[str, Any] = {}
+    if s.measure_before and held and resume is None and main:  # an untrained network is the plain draft
+        plain = SelfSpeculativeDrafter(target, layer)
+        keep["before"] = acceptance.measure(target, plain, held, max_new).as_dict()
+        log(f"acceptance without the network: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
+            f"conversations (ssd at layer {layer}, γ = 5, greedy)")
+    notes = TrainingNotes()
+    with Phase("training", config.steps, done=0 if resume is None else int(resume["step"]), enabled=progress,
+               log=log) as phase:
+        def step_done(step: int, total: int, stats: list[dict]) -> None:
+            phase.note(notes.add(stats))
+            phase.advance(1)
+            if on_step is not None:
+                on_step(step, total, stats)
+
+        result = train(objective, target, store, config, s.out, identity, resume, keep, on_step=step_done,
+                       objective=objective, accelerator=accelerator)
+    report.update(layer=layer, final=result.tail(),
+                  seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
+    if main:
+        save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
+        if held:
+            network = load_imitation(str(s.out), layer, target)
+            after = acceptance.measure(target, SelfSpeculativeDrafter(target, layer, network), held, max_new).as_dict()
+            report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True, "layer": layer,
+                                    "before": result.kept.get("before"), "after": after}
+            log(f"acceptance through the network: τ {after['block_efficiency']:.3f} on {len(held)} held-out "
+                f"conversations" + (f" (without: {result.kept['before']['block_efficiency']:.3f})"
+                                    if result.kept.get("before") else ""))
+            save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()

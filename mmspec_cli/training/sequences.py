@@ -10,8 +10,9 @@ memory while they fit in ``budget_bytes`` (float32); past that they are computed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +42,10 @@ class TargetSequence:
     embeds: torch.Tensor
     hidden: torch.Tensor
 
+    @property
+    def nbytes(self) -> int:
+        return (self.embeds.numel() + self.hidden.numel()) * 4
+
 
 def trainable(answers: Sequence[Answer]) -> list[Answer]:
     """Records with an answer (failed ones have none)."""
@@ -63,10 +68,13 @@ def read_sequence(target: LoadedModel, turn: Turn) -> TargetSequence:
 
 
 class SequenceStore:
-    """The target's sequences by index, computed on first use and kept while they fit the budget."""
+    """The target's sequences by index, computed on first use (by ``reader``: a head's features, or an imitation
+    network's layers, :func:`.imitation.layer_reader`) and kept while they fit the budget."""
 
-    def __init__(self, target: LoadedModel, turns: Sequence[Turn], budget_bytes: int = DEFAULT_BUDGET):
+    def __init__(self, target: LoadedModel, turns: Sequence[Turn], budget_bytes: int = DEFAULT_BUDGET,
+                 reader: Callable[[LoadedModel, Turn], Any] = read_sequence):
         self.target = target
+        self.reader = reader
         self.turns = list(turns)
         self.budget = budget_bytes
         self.used = 0
@@ -79,8 +87,8 @@ class SequenceStore:
         found = self.kept.get(index)
         if found is not None:
             return found
-        sequence = read_sequence(self.target, self.turns[index])
-        size = (sequence.embeds.numel() + sequence.hidden.numel()) * 4
+        sequence = self.reader(self.target, self.turns[index])
+        size = sequence.nbytes
         if self.used + size <= self.budget:
             self.kept[index] = sequence
             self.used += size

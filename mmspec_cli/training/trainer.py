@@ -96,21 +96,26 @@ def make_accelerator(on_cpu: bool, unused_parameters: bool):
         find_unused_parameters=unused_parameters)])
 
 
-def train(head: DraftHead, target: LoadedModel, store: SequenceStore, config: TrainConfig, out: Path,
+def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, config: TrainConfig, out: Path,
           identity: dict[str, Any], resume: dict[str, Any] | None = None, keep: dict | None = None,
-          on_step: Callable[[int, int, list[dict]], None] | None = None, accelerator: Any = None) -> TrainResult:
+          on_step: Callable[[int, int, list[dict]], None] | None = None,
+          objective: torch.nn.Module | None = None, accelerator: Any = None) -> TrainResult:
     """Train ``head`` in place for ``config.steps`` optimizer steps (from a checkpoint's step when ``resume``).
 
+    ``head`` is what is trained and checkpointed: a :class:`DraftHead`, whose loss is
+    :class:`HeadObjective`, or any module with its own ``objective`` (FastVLM's imitation network,
+    :mod:`.imitation`): a module whose ``forward(batch, generator)`` gives (loss, pass stats).
     ``identity`` (kind, num_q, target) goes into every checkpoint with ``keep`` (the caller's own
     values, e.g. the acceptance before training); ``on_step(step, total, pass_stats)`` after each step;
     ``accelerator`` the run's (None: made here).
     """
     lm_head = target.model.get_output_embeddings()
     device = lm_head.weight.device
-    accelerator = accelerator or make_accelerator(device.type == "cpu", head.kind == "vispec")
+    accelerator = accelerator or make_accelerator(device.type == "cpu", getattr(head, "kind", None) == "vispec")
     head.to(device=device, dtype=torch.float32).train()
-    objective = HeadObjective(head, lm_head, target.image_token_id, loss_function(config.loss), config.passes,
-                              config.noise)
+    if objective is None:
+        objective = HeadObjective(head, lm_head, target.image_token_id, loss_function(config.loss), config.passes,
+                                  config.noise)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=BETAS, weight_decay=config.weight_decay)
     total = config.steps
@@ -135,7 +140,7 @@ def train(head: DraftHead, target: LoadedModel, store: SequenceStore, config: Tr
     def checkpoint(step: int) -> None:
         if accelerator.is_main_process:
             save_checkpoint(out, {**identity, "settings": asdict(config), "step": step,
-                                  "head": accelerator.unwrap_model(objective).head.state_dict(),
+                                  "head": head.state_dict(),
                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                   "noise_rng": generator.get_state(), "torch_rng": torch.get_rng_state(),
                                   "kept": kept})
@@ -157,7 +162,7 @@ def train(head: DraftHead, target: LoadedModel, store: SequenceStore, config: Tr
         if (step + 1) % config.checkpoint_every == 0 or step + 1 == total:
             checkpoint(step + 1)
     result.seconds = time.perf_counter() - clock
-    accelerator.unwrap_model(objective).head.eval()
+    head.eval()
     return result
 
 

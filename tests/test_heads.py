@@ -1,0 +1,365 @@
+"""Draft heads over the target's own features (``eagle``, ``vispec``): what they draft, that decoding with them
+is lossless, and how their checkpoints load (strictly, in ViSpec's published layout too)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.decoding.features import tap_for
+from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence, image_runs
+from mmspec_cli.models.head_files import head_config, load_head, save_head
+from mmspec_cli.models.profiles import profile_from_dict
+from mmspec_cli.models.prompts import process, render_prompt
+from tests import tiny
+from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
+from tests.test_engine_sampling import PARAMS, chi_square_p_value, exact_joint
+
+KINDS = ["eagle", "vispec"]
+DYNAMIC = dict(tree="dynamic", tree_budget=12, tree_depth=3, tree_topk=3)
+TREES = {"chain": {}, "width": dict(tree_width=2), "dynamic": DYNAMIC}
+
+
+def random_head(target, kind: str, seed: int = 0) -> DraftHead:
+    """A head with random weights for ``target`` (its embedding table copied, as training starts)."""
+    torch.manual_seed(seed)
+    head = DraftHead(head_config(target), kind).to(torch.float64)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight)
+        if kind == "vispec":
+            head.img_fc.weight.add_(0.1 * torch.randn_like(head.img_fc.weight))  # g must matter in these tests
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def head_dirs(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    target = tiny_models["target"]
+    dirs = {}
+    for kind in KINDS:
+        dirs[kind] = root / kind
+        save_head(random_head(target, kind), dirs[kind], target="tiny-target", dtype=torch.float64)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_models, head_dirs):
+    return {kind: load_head(str(path), kind, None, tiny_models["target"]) for kind, path in head_dirs.items()}
+
+
+def head_decoder(target, head, sampling=None, gamma=3, **tree):
+    kwargs = {} if sampling is None else {"sampling": sampling}
+    return SpeculativeDecoder(target, HeadDrafter(target, head), gamma=gamma, max_new_tokens=MAX_NEW, **kwargs, **tree)
+
+
+# --------------------------------------------------------------------------- what the head drafts
+
+
+def full_features(target, ids, vision):
+    """(input embeddings, last hidden states) of ``ids`` from ONE forward without a cache."""
+    tap = tap_for(target.model)
+    with torch.no_grad():
+        target.model(input_ids=torch.tensor([ids]), **vision)
+    return tap.take()
+
+
+def reference_chain(head, target, prompt, generated, tokens):
+    """The head's distributions (γ, V) along the drafted ``tokens``, recomputed from scratch at every step:
+    no head cache, no feature track; the head's own output stands for the target's feature of each drafted token."""
+    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
+    verified = prompt.ids + generated
+    embeds, hidden = full_features(target, verified, vision)
+    feats, ids, dists = hidden[:-1], list(verified), []
+    lm_head = target.model.get_output_embeddings()
+    for token in tokens:
+        e = torch.cat([embeds[: len(verified)], head.embed_tokens(torch.tensor(ids[len(verified):], dtype=torch.long))])
+        seq = head_sequence(head, ids, feats, e, 0, target.image_token_id, len(prompt.ids))
+        out = head.body(seq.inputs[None], torch.tensor([seq.positions]),
+                        causal_mask(len(seq.positions), 0, torch.float64, "cpu"))[0]
+        dists.append(torch.softmax(lm_head(out[-1]), dim=-1))
+        ids.append(token)
+        feats = torch.cat([feats, out[-1:]])
+    return torch.stack(dists)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_images", [0, 2])
+def test_the_cached_draft_is_the_head_run_from_scratch(tiny_models, heads, kind, n_images):
+    target, head = tiny_models["target"], heads[kind]
+    text = render_prompt(target.processor, [QUESTION], [], n_images)
+    prompt = process(target.processor, text, tiny.images(n_images))
+    decoder = head_decoder(target, head)
+    drafter = decoder.drafter
+    drafter.begin_turn(text, tiny.images(n_images))
+    picker = TokenPicker(SamplingParams(temperature=1.0), seed=0)  # sampling: the draft carries its distributions
+    generated = reference(target, [QUESTION], [], n_images, max_new_tokens=3)  # the target's own next tokens
+    for verified in ([], generated):  # the first block of a turn, then one after the target accepted 3 tokens
+        draft = drafter.propose(verified, 4, picker)
+        torch.testing.assert_close(draft.probs, reference_chain(head, target, prompt, verified, draft.tokens),
+                                   rtol=0, atol=1e-10)
+        assert drafter.cache.get_seq_length() == drafter.entries  # drafted entries were cropped again
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_dynamic_tree_node_scores_its_path_as_the_head_alone_would(tiny_models, heads, kind):
+    target, head = tiny_models["target"], heads[kind]
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    prompt = process(target.processor, text, tiny.images(1))
+    drafter = head_decoder(target, head).drafter
+    drafter.begin_turn(text, tiny.images(1))
+    tree = drafter.propose_dynamic_tree([], levels=4, budget=30, topk=3, picker=TokenPicker(SamplingParams()))
+    assert max(tree.topology.depths) >= 2
+    for node in range(len(tree.tokens)):
+        path = [tree.tokens[n] for n in tree.topology.path(node)]
+        dists = reference_chain(head, target, prompt, [], path)  # (len, V)
+        expected = float(torch.log(dists[torch.arange(len(path)), torch.tensor(path)]).sum())
+        assert abs(tree.scores[node] - expected) < 1e-8, node
+    assert drafter.cache.get_seq_length() == drafter.entries  # the tree's entries were dropped
+
+
+def test_vispec_lays_each_image_out_as_compressed_tokens(tiny_models, heads):
+    target, head = tiny_models["target"], heads["vispec"]
+    text = render_prompt(target.processor, [QUESTION], [], 2)
+    prompt = process(target.processor, text, tiny.images(2))
+    runs = image_runs(prompt.ids, target.image_token_id, len(prompt.ids))
+    assert len(runs) == 2
+    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
+    embeds, hidden = full_features(target, prompt.ids, vision)
+    seq = head_sequence(head, prompt.ids, hidden[:-1], embeds, 0, target.image_token_id, len(prompt.ids))
+    slots = sum(t - s for s, t in runs)
+    assert len(seq.positions) == len(prompt.ids) - 1 - slots + 2 * (head.num_q - 1)
+    for s, t in runs:  # the compressed token sits at the image's last slot and predicts nothing; no other slot stays
+        assert not seq.predicts[seq.positions.index(t - 1)]
+        assert not set(range(s, t - 1)) & set(seq.positions)
+    eagle = head_sequence(heads["eagle"], prompt.ids, hidden[:-1], embeds, 0, target.image_token_id, len(prompt.ids))
+    assert eagle.positions == list(range(len(prompt.ids) - 1)) and all(eagle.predicts)
+    # g changes what follows an image: the same pairs with g zeroed give other inputs after the first image
+    plain = head.fuse(embeds[runs[0][1] + 1:runs[0][1] + 2], hidden[runs[0][1]:runs[0][1] + 1], None)
+    after = seq.inputs[seq.positions.index(runs[0][1])]
+    assert not torch.allclose(plain[0], after)
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+def test_greedy_equals_target_generate_over_two_turns(tiny_models, heads, kind, tree, n_images):
+    target = tiny_models["target"]
+    generation = head_decoder(target, heads[kind], **TREES[tree]).generate(tiny.images(n_images), [QUESTION, FOLLOW_UP])
+    first = generation.turns[0]
+    assert first.token_ids == reference(target, [QUESTION], [], n_images)
+    assert generation.turns[1].token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], n_images)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_at_the_token_limit(tiny_models, heads, kind):
+    target = tiny_models["target"]
+    for max_new in (1, 2, 7):
+        for tree in ("chain", "dynamic"):
+            turn = head_decoder(target, heads[kind], **TREES[tree]).generate(
+                tiny.images(1), [QUESTION], max_new_tokens=max_new).turns[0]
+            assert turn.token_ids == reference(target, [QUESTION], [], 1, max_new_tokens=max_new)
+
+
+def test_a_reused_decoder_sees_new_images(tiny_models, heads):
+    target = tiny_models["target"]
+    decoder = head_decoder(target, heads["vispec"])
+    for n_images in (1, 2, 0, 1):
+        turn = decoder.generate(tiny.images(n_images), [QUESTION]).turns[0]
+        assert turn.token_ids == reference(target, [QUESTION], [], n_images)
+
+
+@pytest.fixture(scope="module")
+def joint(tiny_models):
+    return exact_joint(tiny_models["target"])
+
+
+def sampled_pairs(target, head, runs, **tree):
+    decoder = SpeculativeDecoder(target, HeadDrafter(target, head), gamma=2, max_new_tokens=3, sampling=PARAMS, **tree)
+    counts: Counter = Counter()
+    for seed in range(runs):
+        counts[tuple(decoder.generate(tiny.images(1), [QUESTION], seed=seed).turns[0].token_ids[:2])] += 1
+    return counts
+
+
+HEAD_RUNS = 1200  # fewer than the chain tests' RUNS: the wrong rule below still fails by a wide margin
+
+
+def test_sampling_keeps_the_target_distribution(tiny_models, heads, joint):
+    target = tiny_models["target"]
+    assert chi_square_p_value(sampled_pairs(target, heads["vispec"], HEAD_RUNS), joint, HEAD_RUNS) > 1e-3
+    runs = HEAD_RUNS // 2
+    assert chi_square_p_value(sampled_pairs(target, heads["eagle"], runs, **DYNAMIC), joint, runs) > 1e-3
+
+
+def test_the_distribution_test_catches_a_wrong_rule(tiny_models, heads, joint, monkeypatch):
+    """Accept every draft token: the output then follows the head's draft, and the test must say so."""
+    from mmspec_cli.decoding import step as step_module
+    from mmspec_cli.decoding.verify import Verdict
+
+    monkeypatch.setattr(step_module, "verify_sampling",
+                        lambda tokens, q, p, g: Verdict(len(tokens), int(torch.multinomial(p[-1].cpu(), 1, generator=g))))
+    p_value = chi_square_p_value(sampled_pairs(tiny_models["target"], heads["vispec"], HEAD_RUNS), joint, HEAD_RUNS)
+    assert p_value < 1e-6
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_a_saved_head_loads_back_identical(tiny_models, heads, head_dirs):
+    config = json.loads((head_dirs["vispec"] / "config.json").read_text())
+    assert config["mmspec"] == {"kind": "vispec", "num_q": 2, "target": "tiny-target"}
+    again = load_head(str(head_dirs["vispec"]), None, None, tiny_models["target"])
+    assert again.kind == "vispec" and again.num_q == 2
+    for (name, a), (_, b) in zip(heads["vispec"].state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def published_layout(head: DraftHead, folder: Path, weights_file: str = "model.safetensors") -> Path:
+    """``head`` written as ViSpec's published heads are: Llama keys only in config.json, no mmspec block."""
+    folder.mkdir(parents=True)
+    c = head.config
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+              "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
+              "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
+              "head_dim": c.head_dim, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+    (folder / "config.json").write_text(json.dumps(config))
+    state = {k: v.clone().contiguous() for k, v in head.state_dict().items()}
+    if weights_file.endswith(".bin"):
+        torch.save(state, folder / weights_file)
+    else:
+        save_file(state, str(folder / weights_file))
+    return folder
+
+
+@pytest.mark.parametrize("weights_file", ["model.safetensors", "pytorch_model.bin"])
+def test_the_published_vispec_layout_loads_strictly_and_decodes_losslessly(tiny_models, tmp_path, weights_file):
+    target = tiny_models["target"]
+    folder = published_layout(random_head(target, "vispec", seed=3), tmp_path / "published", weights_file)
+    weights = torch.load(folder / weights_file) if weights_file.endswith(".bin") else load_file(folder / weights_file)
+    assert len(weights) == 17 and tuple(weights["imadpt.q"].shape) == (2, 4, 8)
+    head = load_head(str(folder), "vispec", None, target)
+    assert head.kind == "vispec" and head.num_q == 2
+    generation = head_decoder(target, head, **DYNAMIC).generate(tiny.images(1), [QUESTION])
+    assert generation.turns[0].token_ids == reference(target, [QUESTION], [], 1)
+
+
+def rewrite(folder: Path, tmp_path: Path, change) -> str:
+    out = tmp_path / "changed"
+    out.mkdir()
+    (out / "config.json").write_text((folder / "config.json").read_text())
+    weights = load_file(folder / "model.safetensors")
+    change(weights, out)
+    save_file(weights, str(out / "model.safetensors"))
+    return str(out)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w, out: w.pop("imadpt.o_proj.weight"), r"doesn't have the tensors of a vispec head \(17 expected\): "
+                                                  r"missing imadpt.o_proj.weight"),
+    (lambda w, out: w.__setitem__("extra.weight", torch.zeros(2)), "unexpected extra.weight"),
+    (lambda w, out: w.__setitem__("fc.bias", torch.zeros(3)), r"fc.bias has shape \(3,\), expected \(32,\)"),
+])
+def test_a_checkpoint_missing_or_adding_a_tensor_is_refused(tiny_models, head_dirs, tmp_path, change, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_head(rewrite(head_dirs["vispec"], tmp_path, change), None, None, tiny_models["target"])
+
+
+def test_a_head_for_another_target_is_refused_naming_both(tiny_models, tmp_path):
+    target, other = tiny_models["target"], tiny_models["random"]  # hidden 32 vs 16
+    save_head(random_head(other, "eagle"), tmp_path / "other", target="other", dtype=torch.float64)
+    with pytest.raises(ModelLoadError, match=r"trained for another target \(hidden_size 16 vs 32 in .*\)"):
+        load_head(str(tmp_path / "other"), None, None, target)
+
+
+def test_kind_and_num_q_must_agree_with_the_checkpoint(tiny_models, head_dirs):
+    target = tiny_models["target"]
+    with pytest.raises(ModelLoadError, match="is a vispec head but the profile says kind: eagle"):
+        load_head(str(head_dirs["vispec"]), "eagle", None, target)
+    with pytest.raises(ModelLoadError, match="trained with num_q 2, the profile says 3"):
+        load_head(str(head_dirs["vispec"]), "vispec", 3, target)
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load_head(str(head_dirs["vispec"].parent), None, None, target)
+
+
+# --------------------------------------------------------------------------- names, profiles, CLI
+
+
+def test_a_head_is_no_ensemble_member(tiny_models, heads):
+    target = tiny_models["target"]
+    with pytest.raises(InputError, match=r"a draft head \(vispec\) can't be an ensemble member"):
+        build_drafter("tabed:mv", target, tiny_models["perturbed"])
+    with pytest.raises(InputError, match=r"a draft head \(eagle\) can't be an ensemble member"):
+        build_drafter("me", target, tiny_models["perturbed"])
+    with pytest.raises(InputError, match="drafter 'vispec' needs a vispec head"):
+        build_drafter("vispec", target, None, head=heads["eagle"])
+    assert build_drafter("vispec", target, None, head=heads["vispec"]).name == "vispec"
+
+
+def test_profile_head_section():
+    one = profile_from_dict({"target": {"model": "x"}, "head": {"model": "h", "kind": "vispec", "num_q": 2}})
+    assert [(h.model, h.kind, h.num_q) for h in one.head] == [("h", "vispec", 2)]
+    both = profile_from_dict({"target": {"model": "x"}, "head": [{"model": "v", "kind": "vispec"},
+                                                                 {"model": "e", "kind": "eagle"}]})
+    assert [h.kind for h in both.head] == ["vispec", "eagle"]
+    with pytest.raises(Exception, match="one head per kind"):
+        profile_from_dict({"target": {"model": "x"}, "head": [{"model": "v"}, {"model": "e"}]})
+
+
+def head_profile(path: Path, tiny_dirs, heads: list[dict] | None) -> str:
+    spec = {"dtype": "float64", "device": "cpu"}
+    data = {"target": {"model": tiny_dirs["target"], **spec}, "decoding": {"max_new_tokens": 8, "gamma": 3}}
+    if heads is not None:
+        data["head"] = heads
+    path.write_text(__import__("yaml").safe_dump(data))
+    return str(path)
+
+
+def test_cli_generate_and_bench_with_heads(tiny_models, tiny_dirs, head_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from mmspec_cli.cli.app import app
+    from tests.helpers import save_images
+    from tests.helpers import assert_one_line_error
+
+    runner = CliRunner()
+    [image] = save_images(tmp_path, 1)
+    heads = [{"model": str(head_dirs["vispec"]), "kind": "vispec"}, {"model": str(head_dirs["eagle"]), "kind": "eagle"}]
+    profile = head_profile(tmp_path / "heads.yaml", tiny_dirs, heads)
+    for drafter in KINDS:
+        result = runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", profile, "--drafter", drafter,
+                                     "--tree", "dynamic", "--json"])
+        assert result.exit_code == 0, result.stderr
+        turn = json.loads(result.stdout)["turns"][0]
+        assert turn["token_ids"] == reference(tiny_models["target"], [QUESTION], [], 1, max_new_tokens=8)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "images": [image], "turns": [QUESTION], "category": "x"}) + "\n")
+    out = tmp_path / "run.jsonl"
+    result = runner.invoke(app, ["bench", str(manifest), "--profile", profile, "--drafters", "ar,eagle,vispec",
+                                 "--out", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["drafter"] for r in records] == ["ar", "eagle", "vispec"]
+    assert len({tuple(r["token_ids"]) for r in records}) == 1
+    only_vispec = head_profile(tmp_path / "v.yaml", tiny_dirs, {"model": str(head_dirs["vispec"]), "kind": "vispec"})
+    assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", only_vispec,
+                                              "--drafter", "eagle"]),
+                          "drafter 'eagle' needs a eagle head and the profile names only vispec")
+    assert_one_line_error(runner.invoke(app, ["bench", str(manifest), "--profile", head_profile(
+        tmp_path / "none.yaml", tiny_dirs, None), "--drafters", "ar,vispec", "--out", str(tmp_path / "x.jsonl")]),
+                          "drafter 'vispec' needs a vispec head and the profile names no head")
+    assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", profile,
+                                              "--drafter", "tabed:mv"]), "can't be an ensemble member")
