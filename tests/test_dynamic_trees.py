@@ -139,7 +139,7 @@ def test_dynamic_trees_raise_block_efficiency_over_chains(tiny_models):
     assert tree > chain
 
 
-DYNAMIC_RUNS = 1500  # fewer runs than the chain tests: a dynamic tree block costs more here
+DYNAMIC_RUNS = 1000  # fewer runs than the chain tests: a dynamic tree block costs more here
 
 
 def sampled_pairs(models, drafter):

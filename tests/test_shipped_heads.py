@@ -51,17 +51,27 @@ def reference(target, sample, images, max_new_tokens):
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
+@pytest.fixture(scope="module")
+def answered(demo):
+    """Three demo samples (one and two images) with the target's own greedy answers."""
+    _, target, _ = demo
+    out = []
+    for sample in resolve("demo-single", 2) + resolve("demo-pair", 1):
+        images = load_sample_images(sample)
+        out.append((sample, images, reference(target, sample, images, 160)))
+    return out
+
+
 @pytest.mark.parametrize("kind", ["vispec", "eagle"])
 @pytest.mark.parametrize("tree", [{}, {"tree": "dynamic"}])
-def test_trained_heads_are_lossless_and_end_turns_inside_blocks(demo, kind, tree):
+def test_trained_heads_are_lossless_and_end_turns_inside_blocks(demo, answered, kind, tree):
     _, target, heads = demo
     decoder = SpeculativeDecoder(target, HeadDrafter(target, heads[kind]), gamma=5, max_new_tokens=160, **tree)
     eos = eos_ids(target)
     accepted = ended_inside = 0
-    for sample in resolve("demo-single", 3) + resolve("demo-pair", 1):
-        images = load_sample_images(sample)
+    for sample, images, expected in answered:
         turn = decoder.generate(images, list(sample.turns[:1]), history=sample.history).turns[0]
-        assert turn.token_ids == reference(target, sample, images, 160)
+        assert turn.token_ids == expected
         accepted += turn.stats.accepted
         last = turn.blocks[-1]
         ended_inside += last.tokens[-1] in eos and last.accepted == len(last.tokens)  # EOS was an accepted draft
