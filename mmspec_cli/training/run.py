@@ -207,17 +207,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
         keep["before"] = acceptance.measure(target, HeadDrafter(target, head.eval()), held, max_new).as_dict()
         log(f"acceptance before training: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
             f"conversations (γ = 5, greedy)")
-    notes = TrainingNotes()
-    started = 0 if resume is None else int(resume["step"])
-    with Phase("training", steps, done=started, enabled=progress, log=log) as phase:
-        def step_done(step: int, total: int, stats: list[dict]) -> None:
-            phase.note(notes.add(stats))
-            phase.advance(1)
-            if on_step is not None:
-                on_step(step, total, stats)
-
-        result = train(head, target, store, config, s.out, identity, resume, keep, on_step=step_done,
-                       accelerator=accelerator)
+    result = _train_with_progress(head, target, store, config, s.out, identity, resume, keep, accelerator, log,
+                                  progress, on_step)
     report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
         extra = {"training": report}
@@ -234,6 +225,25 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
     return report
+
+
+def _train_with_progress(trained: torch.nn.Module, target: LoadedModel, store: SequenceStore, config: TrainConfig,
+                         out: Path, identity: dict[str, Any], resume: dict[str, Any] | None, keep: dict[str, Any],
+                         accelerator: Any, log: Callable[[str], None], progress: bool | None,
+                         on_step: Callable[[int, int, list[dict]], None] | None,
+                         objective: torch.nn.Module | None = None):
+    """:func:`.trainer.train` under the training phase's progress bar (a head, or an imitation network's objective)."""
+    notes = TrainingNotes()
+    with Phase("training", config.steps, done=0 if resume is None else int(resume["step"]), enabled=progress,
+               log=log) as phase:
+        def step_done(step: int, total: int, stats: list[dict]) -> None:
+            phase.note(notes.add(stats))
+            phase.advance(1)
+            if on_step is not None:
+                on_step(step, total, stats)
+
+        return train(trained, target, store, config, out, identity, resume, keep, on_step=step_done,
+                     objective=objective, accelerator=accelerator)
 
 
 def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore, config: TrainConfig,
@@ -255,17 +265,8 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
         keep["before"] = acceptance.measure(target, plain, held, max_new).as_dict()
         log(f"acceptance without the network: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
             f"conversations (ssd at layer {layer}, γ = 5, greedy)")
-    notes = TrainingNotes()
-    with Phase("training", config.steps, done=0 if resume is None else int(resume["step"]), enabled=progress,
-               log=log) as phase:
-        def step_done(step: int, total: int, stats: list[dict]) -> None:
-            phase.note(notes.add(stats))
-            phase.advance(1)
-            if on_step is not None:
-                on_step(step, total, stats)
-
-        result = train(objective, target, store, config, s.out, identity, resume, keep, on_step=step_done,
-                       objective=objective, accelerator=accelerator)
+    result = _train_with_progress(objective, target, store, config, s.out, identity, resume, keep, accelerator, log,
+                                  progress, on_step, objective=objective)
     report.update(layer=layer, final=result.tail(),
                   seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
