@@ -85,10 +85,11 @@ class HeadDrafter(TreeDrafting, Drafter):
         track = self.runner.features
         if len(track) != held:
             raise RuntimeError(f"the target's features cover {len(track)} positions, {held} expected")
+        first = self.pairs_done  # only the rows not fed yet are copied: the track grows with the turn
         last = self.head.embed_tokens(torch.tensor([verified[-1]], device=self.device))  # (1, H)
-        embeds = torch.cat([self._here(track.embeds), last])  # (len, H): e_p, projector outputs at image slots
-        seq = head_sequence(self.head, verified, self._here(track.hidden), embeds, self.pairs_done,
-                            self.target.image_token_id, len(self.prompt.ids), self.glob)
+        embeds = torch.cat([self._here(track.embeds[first:]), last])  # e_p from p = first; projector outputs at slots
+        seq = head_sequence(self.head, verified, self._here(track.hidden[first:]), embeds, first,
+                            self.target.image_token_id, len(self.prompt.ids), self.glob, offset=first)
         if len(seq.positions):
             out = self._forward(seq.inputs, torch.tensor([seq.positions], device=self.device),
                                 causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))

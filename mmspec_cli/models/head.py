@@ -139,11 +139,12 @@ def image_runs(ids: Sequence[int], image_token_id: int | None, prompt_len: int) 
 
 def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, embeds: torch.Tensor,
                   first: int, image_token_id: int | None, prompt_len: int,
-                  glob: torch.Tensor | None = None) -> HeadSequence:
+                  glob: torch.Tensor | None = None, offset: int = 0) -> HeadSequence:
     """Entries for pairs ``first .. len(ids) − 2``: pair p = (f_p, e_{p+1}).
 
-    ``features`` (len(ids) − 1, H) the target's f_p; ``embeds`` (len(ids), H) its input embeddings e_p
-    (projector outputs at image slots). ``eagle`` gets every pair. ``vispec`` replaces the pairs of each
+    ``features`` (len(ids) − 1 − offset, H) the target's f_p and ``embeds`` (len(ids) − offset, H) its input
+    embeddings e_p (projector outputs at image slots), both from position ``offset`` ≤ ``first`` on (a
+    drafter passes only the rows it has not fed yet). ``eagle`` gets every pair. ``vispec`` replaces the pairs of each
     image run [s, t) in the prompt by the run's ``num_q − 1`` compressed tokens at positions t − num_q + 1
     .. t − 1, and feeds g of the latest image into every later text pair (``glob`` before ``first``).
     """
@@ -159,16 +160,15 @@ def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, e
         if run is None:
             stop = next((s for s, _ in runs if s > p), last + 1)
             stop = min(stop, last + 1)
-            span = slice(p, stop)
             g = None if glob is None else glob[None]
-            rows.append(head.fuse(embeds[p + 1:stop + 1], features[span], g))
+            rows.append(head.fuse(embeds[p + 1 - offset:stop + 1 - offset], features[p - offset:stop - offset], g))
             positions += list(range(p, stop))
             pairs += list(range(p, stop))
             predicts += [True] * (stop - p)
             p = stop
             continue
         s, t = run
-        compressed, glob = head.compress(embeds[s:t])
+        compressed, glob = head.compress(embeds[s - offset:t - offset])
         count = min(len(compressed), t - s)
         kept = list(range(t - count, t))
         rows.append(compressed[len(compressed) - count:])
