@@ -179,8 +179,8 @@ def _summary(kind: str, report: dict, out: Path) -> None:
     print(f"demo-{kind}: {report['wall_s']:.0f} s wall ({report['seconds']['answers']:.0f} s answering, "
           f"{report['seconds']['training']:.0f} s training), peak RSS {report['peak_rss_mb']:.0f} MB, "
           f"{size / 1e6:.2f} MB on disk; τ (chain γ = 5) on {acc.get('held_out')} held-out samples "
-          f"{acc.get('before', {}).get('block_efficiency', float('nan')):.3f} -> "
-          f"{acc.get('after', {}).get('block_efficiency', float('nan')):.3f}", flush=True)
+          f"{(acc.get('before') or {}).get('block_efficiency', float('nan')):.3f} -> "
+          f"{(acc.get('after') or {}).get('block_efficiency', float('nan')):.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import sys
 from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import ProfileName, Threads, check_threads, decoding_flags
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags
 from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
@@ -90,7 +89,7 @@ def bench(
                          f"the name, e.g. --out results.{{rank}}.jsonl, and merge them with --summarize")
     out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
     raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup,
-                          profile or DEFAULT_PROFILE, resume_command(ctx), threads))
+                          profile or DEFAULT_PROFILE, command_line(ctx), threads))
 
 
 # --------------------------------------------------------------------------- checks before loading
@@ -217,27 +216,6 @@ def interrupted_line(results, again: str) -> str:
     n = results.saved()
     return (f"interrupted: {counted(n, 'record')} {'is' if n == 1 else 'are'} saved in {results.path}; "
             f"to continue, run: {again}")
-
-
-def resume_command(ctx: typer.Context) -> str:
-    """This command line with ``--resume`` added, rebuilt from the parameters the user gave (flags in their long
-    form, in ``--help`` order), so it is the same whether the command came from a shell or from a test runner."""
-    words = ["mmspec", ctx.info_name or "bench"]
-    for param in ctx.command.params:
-        source = ctx.get_parameter_source(param.name)
-        if source is None or source.name != "COMMANDLINE":  # typed by the user, not a default
-            continue
-        value = ctx.params[param.name]
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        if param.param_type_name == "argument":
-            words += [str(v) for v in values]
-        elif getattr(param, "is_flag", False):
-            words.append(param.opts[0] if value or not param.secondary_opts else param.secondary_opts[0])
-        else:
-            words += [w for v in values for w in (max(param.opts, key=len), str(v))]
-    if not ctx.params.get("resume"):
-        words.append("--resume")
-    return shlex.join(words)
 
 
 def _load(profile: Profile, names: list[str]):

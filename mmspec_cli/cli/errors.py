@@ -2,7 +2,8 @@
 
 - :class:`~mmspec_cli.errors.MmspecError`: ``error: <message>`` on stderr, exit 2;
 - CUDA out of memory: a one-line hint (quantize, smaller dtype), exit 2;
-- Ctrl-C: exit 130, quietly;
+- Ctrl-C: exit 130 (a command that saved something says what, and how to go on);
+- a path too long for the file system (``OSError`` ENAMETOOLONG, from any flag or argument): one line, exit 2;
 - click's usage and type errors (``--gamma five``, an unknown flag): one ``error:`` line too, exit 2,
   instead of typer's boxed multi-line panel (:func:`usage_errors_in_one_line`).
 
@@ -13,6 +14,7 @@ exception is a bug and propagates with its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import re
@@ -43,6 +45,10 @@ def handles_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except _handled() as exc:
             raise typer.Exit(report(exc)) from None
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:  # any other OSError unmapped here is a bug: its traceback shows
+                raise
+            raise typer.Exit(report(MmspecError(name_too_long(exc)))) from None
 
     return wrapper
 
@@ -62,6 +68,15 @@ def report(exc: BaseException) -> int:
     elif code == EXIT_ERROR:
         typer.echo(f"error: {message(exc)}", err=True)
     return code
+
+
+def name_too_long(exc: OSError) -> str:
+    """The one line for a path the file system can't hold (a file or folder name over its limit, 255 bytes on most),
+    wherever it was given: ``--out``, ``--profile``, SOURCE, ..."""
+    path = exc.filename if isinstance(exc.filename, str) else str(exc.filename or "")
+    longest = max(path.split(os.sep), key=len, default="")
+    return (f"the path {shorten(path)} is too long for the file system (its longest name is {len(longest.encode())} "
+            f"bytes; most file systems allow 255); use a shorter name")
 
 
 def message(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,3 +101,25 @@ def check_writable(path: Path, flag: str) -> None:
     except OSError as exc:
         raise InputError(f"{flag} {shown} can't be written ({exc.strerror or exc}); pick another path") from None
     os.unlink(path)
+
+
+def command_line(ctx: typer.Context, resume: bool = True) -> str:
+    """This command line, with ``--resume`` added when ``resume`` (the command that continues an interrupted run),
+    rebuilt from the parameters the user gave (flags in their long form, in ``--help`` order), so it is the same
+    whether the command came from a shell or from a test runner."""
+    words = ["mmspec", ctx.info_name or "bench"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name != "COMMANDLINE":  # typed by the user, not a default
+            continue
+        value = ctx.params[param.name]
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if param.param_type_name == "argument":
+            words += [str(v) for v in values]
+        elif getattr(param, "is_flag", False):
+            words.append(param.opts[0] if value or not param.secondary_opts else param.secondary_opts[0])
+        else:
+            words += [w for v in values for w in (max(param.opts, key=len), str(v))]
+    if resume and not ctx.params.get("resume"):
+        words.append("--resume")
+    return shlex.join(words)

@@ -8,6 +8,7 @@ head and an empty SOURCE before any model loads.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -15,12 +16,15 @@ import typer
 
 from mmspec_cli.choices import HEAD_KINDS, IMITATION, TRAIN_LOSSES
 from mmspec_cli.cli.errors import shorten
-from mmspec_cli.cli.options import ProfileName, Threads, check_threads
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import load_profile
+from mmspec_cli.training.out_folder import CHECKPOINT, resolve_out
+from mmspec_cli.training.limits import check_steps
 
 
 def train_head(
+    ctx: typer.Context,
     kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False, help=(
         "vispec (ViSpec's head: vision adaptor, global image feature), eagle (EAGLE-2's head), or imitation "
         "(FastVLM's imitation network for ssd, after --ssd-layer N)."))],
@@ -28,7 +32,8 @@ def train_head(
         "Prompts the target answers: a JSONL manifest, a built-in suite, demo-train (the demo family's "
         "training corpus) or a dataset id."))],
     out: Annotated[str, typer.Option(metavar="DIR", show_default=False, help=(
-        "Folder for the head (config.json, model.safetensors); answers go to DIR.answers.jsonl."))],
+        "A new or empty folder for the head (config.json, model.safetensors), or one train-head wrote; answers go "
+        "beside it, to DIR.answers.jsonl."))],
     profile: ProfileName = None,
     epochs: Annotated[int | None, typer.Option(metavar="N", help="Passes over the answers (default 20, ViSpec's).")] = None,
     steps: Annotated[int | None, typer.Option(metavar="N", help="Optimizer steps; overrides --epochs.")] = None,
@@ -74,14 +79,18 @@ def train_head(
                         ("--answer-tokens", answer_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
+    for flag, value in (("--epochs", epochs), ("--steps", steps)):
+        if value is not None:
+            check_steps(value, flag)
     if held_out is not None and held_out < 0:
         raise InputError(f"--held-out: expected an integer >= 0, got {held_out}")
-    if not lr > 0 or lr != lr:
-        raise InputError(f"--lr: expected a positive number, got {lr}")
-    if not answer_temperature >= 0:
-        raise InputError(f"--answer-temperature: expected a number >= 0, got {answer_temperature}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise InputError(f"--lr: expected a finite positive number, got {lr:g}")
+    if not (math.isfinite(answer_temperature) and answer_temperature >= 0):
+        raise InputError(f"--answer-temperature: expected a finite number >= 0, got {answer_temperature:g}")
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected an integer in [0, 2^63), got {seed}")
+    folder = resolve_out(out)
     chosen = load_profile(profile)
     threads = check_threads(threads)
 
@@ -89,14 +98,22 @@ def train_head(
     from mmspec_cli.training.answers import LONG_ANSWER_SUFFIX, AnswerSettings
     from mmspec_cli.training.run import TrainHeadSettings, train_head as run
 
-    folder = Path(out).expanduser()
     settings = TrainHeadSettings(
         kind=kind, source=source, out=folder, epochs=epochs, steps=steps, lr=lr, mtp=mtp, resume=resume,
         limit=limit, seed=seed, batch_size=batch_size, checkpoint_every=checkpoint_every, held_out=held_out,
         loss=loss, ssd_layer=ssd_layer, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
                                           seed=seed))
-    report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
+    try:
+        report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
+    except KeyboardInterrupt as exc:
+        saved = getattr(exc, "saved", None)
+        if saved is None:
+            typer.echo("interrupted: nothing was saved yet", err=True)
+        else:  # the answers are reused by the same command; a checkpoint is continued with --resume
+            again = command_line(ctx, resume=(folder / CHECKPOINT).is_file())
+            typer.echo(f"interrupted: {saved}; to continue, run: {again}", err=True)
+        raise
     if report["process"] != 0:  # under accelerate launch the main process reports
         return
     typer.echo(json.dumps(report) if as_json else _summary(report, kind, chosen.target.model, folder))
@@ -113,12 +130,18 @@ def _summary(report: dict, kind: str, target: str, folder: Path) -> str:
     if final["loss"]:
         lines.append("last steps: " + ", ".join(f"pass {k + 1} loss {l:.3f} top-1 {t:.3f}"
                                                  for k, (l, t) in enumerate(zip(final["loss"], final["top1"]))))
+    if report.get("placeholder_answers"):
+        lines.append(f"{report['placeholder_answers']} answers held the target's image placeholder id (read as "
+                     f"ordinary tokens, as the target produced them)")
     acc = report.get("acceptance")
-    if acc:
+    if acc and acc["after"] is not None:
         before = acc.get("before")
         lines.append(f"block efficiency τ on {acc['held_out']} held-out samples (γ = 5, greedy): "
                      f"{acc['after']['block_efficiency']:.3f}"
                      + (f" (before training: {before['block_efficiency']:.3f})" if before else ""))
+    elif acc:
+        lines.append(f"no acceptance measurement: none of the {acc['held_out']} held-out samples could be decoded "
+                     f"(their images failed to load)")
     else:
-        lines.append("no held-out samples, so no acceptance measurement (pass --held-out N)")
+        lines.append("no held-out samples, so no acceptance measurement (pass --held-out N to keep N out)")
     return "\n".join(lines)

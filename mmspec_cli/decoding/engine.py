@@ -52,8 +52,9 @@ def max_sequence_length(config: Any, default: int = 4096) -> int:
 
 
 def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: str = "target",
-                  what: str = "the prompt") -> None:
-    """Refuse a turn that can't fit the ``role`` model's context: one line with the numbers and what to lower.
+                  what: str = "the prompt", limit_flag: str = "--max-new-tokens") -> None:
+    """Refuse a turn that can't fit the ``role`` model's context: one line with the numbers and what to lower
+    (``limit_flag``: the flag that sets ``max_new_tokens`` in the command at hand).
 
     The model reads the prompt and every generated token but the last (which is emitted, never
     fed), so ``prompt_tokens + max_new_tokens - 1`` positions must fit; a model that declares no
@@ -64,8 +65,9 @@ def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: st
     if context is None or needed <= context:
         return
     room = context + 1 - prompt_tokens
-    fix = f"lower --max-new-tokens to {room} or shorten the question" if room >= 1 else "shorten the question"
-    raise InputError(f"{what} is {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: {needed} tokens, "
+    fix = f"lower {limit_flag} to {room} or shorten the question" if room >= 1 else "shorten the question"
+    limit = "max_new_tokens" if limit_flag == "--max-new-tokens" else limit_flag  # the profile key, or the flag
+    raise InputError(f"{what} is {prompt_tokens} tokens and {limit} is {max_new_tokens}: {needed} tokens, "
                      f"more than the {role}'s context of {context}; {fix}")
 
 

@@ -25,6 +25,8 @@ from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
 from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.target_identity import warn_if_other_target
+from mmspec_cli.models.writing import write_atomically
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head for another target differs here
@@ -32,12 +34,14 @@ CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head f
 
 @dataclass(frozen=True)
 class HeadInfo:
-    """What ``config.json`` says about a head: its layer config, kind, num_q and target (None when unknown)."""
+    """What ``config.json`` says about a head: its layer config, kind, num_q, target and the target's signature
+    (None when unknown)."""
 
     config: LlamaConfig
     kind: str | None
     num_q: int | None
     target: str | None
+    target_signature: list[float] | None = None
 
 
 def head_dir(model: str, revision: str | None = None) -> Path:
@@ -67,7 +71,8 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
     meta = raw.pop("mmspec", None) or {}
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version")}
     fields["num_hidden_layers"] = 1
-    return HeadInfo(LlamaConfig(**fields), meta.get("kind"), meta.get("num_q"), meta.get("target"))
+    return HeadInfo(LlamaConfig(**fields), meta.get("kind"), meta.get("num_q"), meta.get("target"),
+                    meta.get("target_signature"))
 
 
 def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
@@ -131,6 +136,7 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
     info = read_info(folder, shown)
     check_fits(info, target, shown)
     weights = read_weights(folder, shown)
+    check_finite(weights, f"head {shown}", "mmspec train-head")
     found = info.kind or infer_kind(weights)
     if kind is not None and kind != found:
         raise ModelLoadError(f"head {shown} is a {found} head but the profile says kind: {kind}; "
@@ -143,9 +149,19 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
         num_q = stored
     head = DraftHead(info.config, found, num_q or info.num_q or DEFAULT_NUM_Q)
     check_tensors(head, weights, shown)
+    warn_if_other_target("head", shown, info.target, info.target_signature, target.name, target.model,
+                         f"mmspec train-head {found}")
     head.load_state_dict(weights, strict=True, assign=True)  # keep the stored precision until the cast below
     lm_head = target.model.get_output_embeddings().weight
     return head.to(device=lm_head.device, dtype=lm_head.dtype).eval()
+
+
+def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> None:
+    """Refuse weights holding NaN or infinity (a diverged training): they would make every draft distribution NaN."""
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ModelLoadError(f"{what}: {key} holds NaN or infinite values (its training diverged); train it "
+                                 f"again with a lower --lr (`{retrain}`)")
 
 
 def head_config(target: LoadedModel) -> LlamaConfig:
@@ -157,17 +173,24 @@ def head_config(target: LoadedModel) -> LlamaConfig:
 
 
 def save_head(head: DraftHead, folder: Path, target: str, dtype: torch.dtype = torch.float16,
-              extra: dict[str, Any] | None = None) -> None:
-    """Write ``config.json`` (Llama keys + an ``mmspec`` block) and ``model.safetensors`` in ``dtype``."""
-    from safetensors.torch import save_file
-
+              extra: dict[str, Any] | None = None, target_signature: list[float] | None = None) -> None:
+    """Write ``config.json`` (Llama keys + an ``mmspec`` block: kind, num_q, the target's name and
+    :func:`~.target_identity.signature`) and ``model.safetensors`` in ``dtype``."""
     folder.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     for key in ("architectures", "_attn_implementation_autoset", "dtype", "torch_dtype"):
         config.pop(key, None)
-    config["mmspec"] = {"kind": head.kind, "num_q": head.num_q, "target": target, **(extra or {})}
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(state, str(tmp))
-    tmp.replace(folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    signed = {} if target_signature is None else {"target_signature": target_signature}
+    config["mmspec"] = {"kind": head.kind, "num_q": head.num_q, "target": target, **signed, **(extra or {})}
+    save_weights(folder, head, dtype, config)
+
+
+def save_weights(folder: Path, module: torch.nn.Module, dtype: torch.dtype, config: dict[str, Any]) -> None:
+    """``model.safetensors`` (``module``'s tensors in ``dtype``) and ``config.json``, written together atomically
+    (:func:`mmspec_cli.models.writing.write_atomically`: a failure leaves both files as they were)."""
+    from safetensors.torch import save
+
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in module.state_dict().items()}
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    write_atomically({folder / "model.safetensors": lambda handle: handle.write(save(state)),
+                      folder / "config.json": lambda handle: handle.write(text.encode("utf-8"))})

@@ -27,7 +27,9 @@ from torch import nn
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
 from mmspec_cli.models.parts import text_decoder
+from mmspec_cli.models.head_files import check_finite, save_weights
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.target_identity import signature, warn_if_other_target
 
 
 class ImitationNetwork(nn.Module):
@@ -54,15 +56,12 @@ def target_facts(target: LoadedModel) -> dict[str, int]:
 
 def save_imitation(network: ImitationNetwork, folder: Path, layer: int, target: LoadedModel, target_name: str,
                    dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
+    """``config.json`` (an ``mmspec_imitation`` block: the layer, the target's shape, name and signature) and
+    ``model.safetensors`` in ``dtype``, written together atomically."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in network.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(state, str(tmp))
-    tmp.replace(folder / "model.safetensors")
-    meta = {"layer": layer, **target_facts(target), "target": target_name, **(extra or {})}
-    (folder / "config.json").write_text(json.dumps({"mmspec_imitation": meta}, indent=2, sort_keys=True) + "\n")
+    meta = {"layer": layer, **target_facts(target), "target": target_name,
+            "target_signature": signature(target.model), **(extra or {})}
+    save_weights(folder, network, dtype, {"mmspec_imitation": meta})
 
 
 def _folder(model: str, revision: str | None) -> Path:
@@ -114,12 +113,15 @@ def load_imitation(model: str, layer: int | None, target: LoadedModel, revision:
         weights = load_file(str(folder / "model.safetensors"))
     except Exception as exc:  # missing or truncated file: one line, whatever the reader raised
         raise ModelLoadError(f"ssd.imitation: {shown}/model.safetensors can't be read ({type(exc).__name__})") from None
+    check_finite(weights, f"ssd.imitation {shown}", "mmspec train-head imitation")
     network = ImitationNetwork(wanted["hidden_size"])
     expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in weights.items()}
     if found != expected:
         raise ModelLoadError(f"ssd.imitation: {shown} doesn't hold an imitation network's tensors "
                              f"({sorted(expected)} with the target's width {wanted['hidden_size']})")
+    warn_if_other_target("ssd.imitation", shown, meta.get("target"), meta.get("target_signature"), target.name,
+                         target.model, f"mmspec train-head imitation --ssd-layer {layer}")
     network.load_state_dict(weights, assign=True)  # keep the stored precision until the cast below
     norm = text_decoder(target.model).norm.weight  # the IN feeds the final norm: it lives where that does
     return network.to(device=norm.device, dtype=norm.dtype).eval()

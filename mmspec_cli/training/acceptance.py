@@ -32,9 +32,9 @@ class Acceptance:
 
 def measure(target: LoadedModel, drafter: Drafter, conversations: Sequence[Conversation], max_new_tokens: int,
             gamma: int = 5, tree: str | None = None, tree_budget: int = 30, tree_depth: int = 3,
-            tree_topk: int = 8) -> Acceptance:
+            tree_topk: int = 8) -> Acceptance | None:
     """Greedy decoding of every conversation with ``drafter`` (a head's, or ``ssd`` through an imitation network);
-    conversations whose images fail are skipped."""
+    conversations whose images fail are skipped, and None means every one failed (τ ≥ 1 is not defined on none)."""
     decoder = SpeculativeDecoder(target, drafter, gamma=gamma, max_new_tokens=max_new_tokens,
                                  tree=tree, tree_budget=tree_budget, tree_depth=tree_depth, tree_topk=tree_topk)
     parts: list[RunStats] = []
@@ -45,5 +45,14 @@ def measure(target: LoadedModel, drafter: Drafter, conversations: Sequence[Conve
             continue
         generation = decoder.generate(images, list(conversation.turns), history=conversation.history)
         parts.extend(turn.stats for turn in generation.turns)
+    if not parts:
+        return None
     total = RunStats.total(parts)
     return Acceptance(total.block_efficiency, len(parts), total.new_tokens, total.blocks)
+
+
+def described(found: Acceptance | None, held: int, what: str) -> str:
+    """``what``'s τ on ``held`` held-out conversations in words, or that none of them could be decoded."""
+    if found is None:
+        return f"{what}: none of the {held} held-out conversations could be decoded (their images failed to load)"
+    return f"{what}: τ {found.block_efficiency:.3f} on {held} held-out conversations"

@@ -10,11 +10,19 @@ answers and does not understand it, so the demo heads use none.
 The file (``DIR.answers.jsonl`` beside the head's folder) starts with one header line holding the
 settings, then one record per answered turn::
 
-    {"id": "cat-1", "turn": 0, "prompt": "<the rendered prompt>", "answer_ids": [...], "eos": true, "error": null}
+    {"id": "cat-1", "turn": 0, "prompt": "<the rendered prompt>", "answer_ids": [...], "eos": true, "error": null,
+     "images": "<fingerprint of the images>"}
 
 A conversation whose images can't be read (or whose prompt does not fit the context) gets one
-record with ``error`` set and no answer, and is skipped. Records are appended and flushed one by
-one, so a killed generation resumes where it stopped and a second training reuses every answer.
+record with ``error`` set and no answer, and is skipped. Records are appended batch by batch
+(:func:`mmspec_cli.models.writing.append_durably`: a full disk cuts the file back to its last whole
+record), so a killed generation resumes where it stopped and a second training reuses the answers.
+
+**What is reused.** An answer is reused only while it is still the answer to the same input: its
+record's prompt is the prompt rendered now (the question, the suffix, the history and the earlier
+answers unchanged) and its images have the same content (:func:`.corpus.fingerprint`). Otherwise
+the turn is answered again and the new record, appended, replaces the old one. A failed turn is
+tried again on every run (its image may have been fixed); the same failure is not recorded twice.
 
 Sampling is batched (``batch_size`` prompts, left-padded, one target forward per token) and
 deterministic: each batch is a fixed slice of the conversations with its own seeded generator, so
@@ -25,7 +33,6 @@ are asked after its earlier turns' answers, one batch round per turn.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +46,7 @@ from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process, render_prompt, shorten
 from mmspec_cli.training.corpus import Conversation
+from mmspec_cli.models.writing import WriteFailed, append_durably
 
 LONG_ANSWER_SUFFIX = "Please answer with at least 1000 words."  # ViSpec's data generation prompt
 DEFAULT_TEMPERATURE = 1.0  # sampled, as ViSpec §4.3 argues (its released script decodes greedily)
@@ -60,7 +68,7 @@ class AnswerSettings:
 
 @dataclass(frozen=True)
 class Answer:
-    """One answered turn (``error`` set: not answered, skipped)."""
+    """One answered turn (``error`` set: not answered, skipped); ``images`` the fingerprint of its images."""
 
     id: str
     turn: int
@@ -68,6 +76,7 @@ class Answer:
     answer_ids: list[int]
     eos: bool
     error: str | None = None
+    images: str | None = None  # None in files written before fingerprints: such answers are never reused
 
 
 def answers_path(out: Path) -> Path:
@@ -125,17 +134,32 @@ class AnswerFile:
     def _truncate(self, keep: int, lines: list[str]) -> None:
         self.path.write_text("".join(line + "\n" for line in lines[:keep]), encoding="utf-8")
 
+    def current(self, key: tuple[str, int], prompt: str, images: str) -> bool:
+        """Whether the stored answer of ``key`` answers this prompt about these images (module doc)."""
+        record = self.records.get(key)
+        return (record is not None and record.error is None and record.prompt == prompt
+                and record.images == images)
+
+    def answered(self) -> int:
+        """How many records hold an answer."""
+        return sum(r.error is None for r in self.records.values())
+
     def append(self, records: Sequence[Answer]) -> None:
+        """Append ``records`` (a failure already recorded as it is, is not recorded again)."""
+        records = [r for r in records if r.error is None or self.records.get((r.id, r.turn)) != r]
+        if not records:
+            return
         new = not self.path.is_file() or self.path.stat().st_size == 0
-        with open(self.path, "a", encoding="utf-8") as handle:
-            if new:
-                handle.write(json.dumps(self.header) + "\n")
-                handle.flush()
-            for record in records:
-                handle.write(json.dumps(asdict(record)) + "\n")
-                handle.flush()  # record by record: a kill loses at most the record being written
-                self.records[(record.id, record.turn)] = record
-            os.fsync(handle.fileno())
+        lines = ([json.dumps(self.header)] if new else []) + [json.dumps(asdict(r)) for r in records]
+        try:
+            append_durably(self.path, "".join(line + "\n" for line in lines).encode("utf-8"))
+        except WriteFailed as exc:
+            kept = self.answered()
+            raise WriteFailed(exc.path, f"{exc.reason}; the {kept} answer{'s' if kept != 1 else ''} written before "
+                                        f"are kept and reused: free some space and run the same command "
+                                        f"again") from None
+        for record in records:
+            self.records[(record.id, record.turn)] = record
 
 
 def _batch_seed(seed: int, turn: int, batch: int) -> int:
@@ -190,8 +214,9 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
 
 def generate_answers(target: LoadedModel, target_name: str, conversations: Sequence[Conversation], path: Path,
                      settings: AnswerSettings, advance: Callable[[int], None] = lambda n: None) -> list[Answer]:
-    """Answer every turn of ``conversations`` (those the file lacks), append them to ``path``, return all
-    records in conversation and turn order. ``advance(n)`` is told of every n turns done (or skipped)."""
+    """Answer every turn of ``conversations`` whose stored answer is missing or stale (module doc), append them
+    to ``path``, return all records in conversation and turn order. ``advance(n)`` is told of every n turns done
+    (or skipped)."""
     store = AnswerFile(path, settings, target_name)
     rounds = max(len(c.turns) for c in conversations)
     order: list[tuple[str, int]] = []
@@ -200,9 +225,11 @@ def generate_answers(target: LoadedModel, target_name: str, conversations: Seque
         items = [c for c in conversations if len(c.turns) > turn and c.id not in failed]
         for start in range(0, len(items), settings.batch_size):
             batch = items[start:start + settings.batch_size]
-            missing = [c for c in batch if (c.id, turn) not in store.records]
+            asked = {c.id: _asked(target, store, c, turn, settings) for c in batch}
+            missing = [c for c in batch if not (isinstance(asked[c.id], tuple)
+                                                and store.current((c.id, turn), *asked[c.id]))]
             if missing:
-                store.append(_answer_batch(target, batch, missing, turn, store, settings,
+                store.append(_answer_batch(target, batch, missing, turn, asked, settings,
                                            _batch_seed(settings.seed, turn, start // settings.batch_size)))
             advance(len(batch))
             for c in batch:
@@ -212,29 +239,52 @@ def generate_answers(target: LoadedModel, target_name: str, conversations: Seque
     return [store.records[key] for key in order]
 
 
+def _asked(target: LoadedModel, store: AnswerFile, conversation: Conversation, turn: int,
+           settings: AnswerSettings) -> tuple[str, str] | Answer:
+    """What ``turn`` of ``conversation`` asks now: (prompt text, images' fingerprint), without decoding an image
+    where the conversation can say so; or the failure record when its images can't be read."""
+    try:
+        n_images, images = conversation.images()
+    except MmspecError as exc:
+        return Answer(conversation.id, turn, "", [], False, str(exc))
+    earlier = [target.tokenizer.decode(store.records[(conversation.id, t)].answer_ids, skip_special_tokens=True).strip()
+               for t in range(turn)]
+    return prompt_text(target.processor, conversation, turn, earlier, settings.suffix, n_images), images
+
+
 def _answer_batch(target: LoadedModel, batch: Sequence[Conversation], missing: Sequence[Conversation], turn: int,
-                  store: AnswerFile, settings: AnswerSettings, seed: int) -> list[Answer]:
-    """Records of ``missing``: the whole ``batch`` is sampled again (its generator depends on all of it)."""
-    tokenizer = target.tokenizer
-    ready: list[tuple[Conversation, str, ModelPrompt]] = []
-    errors: dict[str, Answer] = {}
-    for conversation in batch:
+                  asked: dict[str, tuple[str, str] | Answer], settings: AnswerSettings, seed: int) -> list[Answer]:
+    """Records of ``missing``. The batch is sampled again as a whole (its generator depends on all of it), unless
+    none of ``missing`` can be asked (their images fail again): then only their failures are returned."""
+    prepared: dict[str, tuple[str, str, ModelPrompt] | Answer] = {}
+
+    def prepare(conversation: Conversation) -> None:
+        ask = asked[conversation.id]
+        if isinstance(ask, Answer):
+            prepared[conversation.id] = ask
+            return
+        text, images = ask
         try:
-            images = conversation.load_images()
-            earlier = [tokenizer.decode(store.records[(conversation.id, t)].answer_ids, skip_special_tokens=True).strip()
-                       for t in range(turn)]
-            text = prompt_text(target.processor, conversation, turn, earlier, settings.suffix, len(images))
-            prompt = process(target.processor, text, images)
-            check_context(target.model.config, len(prompt.ids), settings.max_new_tokens)
+            prompt = process(target.processor, text, conversation.load_images())
+            check_context(target.model.config, len(prompt.ids), settings.max_new_tokens,
+                          limit_flag="--answer-tokens")
         except MmspecError as exc:
-            errors[conversation.id] = Answer(conversation.id, turn, "", [], False, str(exc))
-            continue
-        ready.append((conversation, text, prompt))
+            prepared[conversation.id] = Answer(conversation.id, turn, text, [], False, str(exc), images)
+            return
+        prepared[conversation.id] = (text, images, prompt)
+
+    for conversation in missing:
+        prepare(conversation)
+    if all(isinstance(prepared[c.id], Answer) for c in missing):
+        return [prepared[c.id] for c in missing]
+    for conversation in batch:
+        if conversation.id not in prepared:
+            prepare(conversation)
+    ready = [(c, prepared[c.id]) for c in batch if not isinstance(prepared[c.id], Answer)]
     generator = torch.Generator().manual_seed(seed)
-    outputs = sample_batch(target, [p for _, _, p in ready], settings.temperature, settings.max_new_tokens,
-                           generator) if ready else []
+    outputs = sample_batch(target, [p for _, (_, _, p) in ready], settings.temperature, settings.max_new_tokens,
+                           generator)
     stops = eos_ids(target)
-    done = {c.id: Answer(c.id, turn, text, out, bool(out) and out[-1] in stops)
-            for (c, text, _), out in zip(ready, outputs)}
-    done.update(errors)
-    return [done[c.id] for c in missing]
+    for (c, (text, images, _)), out in zip(ready, outputs):
+        prepared[c.id] = Answer(c.id, turn, text, out, bool(out) and out[-1] in stops, None, images)
+    return [prepared[c.id] for c in missing]

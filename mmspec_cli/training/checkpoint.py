@@ -10,17 +10,19 @@ one checkpoint interval.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mmspec_cli.choices import IMITATION
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.target_identity import canonical_name
+from mmspec_cli.training.out_folder import CHECKPOINT, finished_network
+from mmspec_cli.models.writing import write_atomically
 
-NAME = "checkpoint.pt"
+NAME = CHECKPOINT
 FORMAT = 1
 
 
@@ -29,15 +31,10 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``DIR/checkpoint.pt`` atomically (temporary file, fsync, rename)."""
+    """Write ``state`` to ``DIR/checkpoint.pt`` atomically (:func:`mmspec_cli.models.writing.write_atomically`);
+    :class:`~mmspec_cli.models.writing.WriteFailed` leaves the previous checkpoint as it was."""
     out.mkdir(parents=True, exist_ok=True)
-    path = checkpoint_path(out)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        torch.save({"format": FORMAT, **state}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomically({checkpoint_path(out): lambda handle: torch.save({"format": FORMAT, **state}, handle)})
 
 
 def load_checkpoint(out: Path) -> dict[str, Any]:
@@ -52,21 +49,12 @@ def load_checkpoint(out: Path) -> dict[str, Any]:
     return state
 
 
-def finished_head(out: Path) -> dict[str, Any] | None:
-    """The ``mmspec`` block of a head already written to ``DIR`` (None if there is none)."""
-    try:
-        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    block = config.get("mmspec") if isinstance(config, dict) else None
-    return block if isinstance(block, dict) else {}
-
-
 def check_start(out: Path, resume: bool, kind: str, target: str) -> dict[str, Any] | None:
     """Before anything loads: the checkpoint to resume (None: start afresh), or one line saying why not.
 
-    ``--resume`` refuses a checkpoint, or a finished head, of another kind or target; without
-    ``--resume`` an unfinished training's checkpoint is not silently overwritten.
+    ``--resume`` refuses a checkpoint, or a finished network, of another kind or target, and a DIR
+    with nothing to resume; without ``--resume`` an unfinished training's checkpoint is not silently
+    overwritten. (What else DIR may hold is checked first, by :func:`.out_folder.check_out`.)
     """
     shown = shorten(str(out))
     has_checkpoint = checkpoint_path(out).is_file()
@@ -79,21 +67,33 @@ def check_start(out: Path, resume: bool, kind: str, target: str) -> dict[str, An
         state = load_checkpoint(out)
         check_identity(state.get("kind"), state.get("target"), kind, target, f"{shown}/{NAME}")
         return state
-    block = finished_head(out)
-    if block is not None:
-        check_identity(block.get("kind"), block.get("target"), kind, target, shown)
-        raise InputError(f"{shown} holds a finished {kind} head and no checkpoint; there is nothing to resume "
+    finished = finished_network(out)
+    if finished is not None:
+        check_identity(finished.get("kind"), finished.get("target"), kind, target, shown)
+        what = "imitation network" if kind == IMITATION else f"{kind} head"
+        raise InputError(f"{shown} holds a finished {what} and no checkpoint; there is nothing to resume "
                          f"(drop --resume to train it again)")
-    return None
+    raise InputError(f"--resume: {shown} holds no checkpoint of an unfinished training, so there is nothing to "
+                     f"resume; drop --resume to start training")
 
 
 def check_identity(have_kind: Any, have_target: Any, kind: str, target: str, shown: str) -> None:
+    """The checkpoint or network at ``shown`` must be of ``kind`` and for ``target`` (names compared as
+    :func:`~mmspec_cli.models.target_identity.canonical_name` writes them: a trailing slash is the same folder)."""
     if have_kind != kind:
-        raise InputError(f"--resume: {shown} is a {have_kind} head's, not a {kind} head's; train {have_kind} "
-                         f"to resume it, or pick another --out")
-    if have_target != target:
+        have, want = (network_of(k) for k in (have_kind, kind))
+        raise InputError(f"--resume: {shown} is {have}, not {want}; run train-head {have_kind} to resume it, "
+                         f"or pick another --out")
+    if not isinstance(have_target, str) or canonical_name(have_target) != canonical_name(target):
         raise InputError(f"--resume: {shown} was trained for target {shorten(str(have_target))}, not "
                          f"{shorten(target)}; use that target's profile, or pick another --out")
+
+
+def network_of(kind: Any) -> str:
+    """"an eagle head's", "a vispec head's", "an imitation network's"."""
+    if kind == IMITATION:
+        return "an imitation network's"
+    return f"{'an' if str(kind)[:1] in 'aeiou' else 'a'} {kind} head's"
 
 
 def check_settings(state: dict[str, Any], settings: dict[str, Any], shown: str) -> None:

@@ -9,11 +9,14 @@ of samples costs no memory up front and an unreadable image fails its own sample
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.models.images import load_image
 from mmspec_cli.bench.sources import resolve
 from mmspec_cli.errors import InputError
 
@@ -27,16 +30,54 @@ DEMO_TRAIN_WEIGHTS = {"single": 30, "pair": 25, "story": 20, "followup": 25}
 @dataclass(frozen=True)
 class Conversation:
     """What the target answers: ``turns`` (questions) after the given ``history``, about the images
-    ``load_images()`` returns (it raises the one-line InputError of an unreadable image)."""
+    ``load_images()`` returns (it raises the one-line InputError of an unreadable image).
+
+    ``describe_images()`` gives their number and a fingerprint of their content without decoding them
+    where it can (:func:`fingerprint`); by default both come from ``load_images()``. A stored answer is
+    reused only while the fingerprint is unchanged (:mod:`.answers`).
+    """
 
     id: str
     turns: tuple[str, ...]
     history: tuple[tuple[str, str], ...]
     load_images: Callable[[], list[Any]]
+    describe_images: Callable[[], tuple[int, str]] | None = None
+
+    def images(self) -> tuple[int, str]:
+        """(number of images, fingerprint of their content); an unreadable image raises its one-line InputError."""
+        if self.describe_images is not None:
+            return self.describe_images()
+        images = self.load_images()
+        return len(images), fingerprint(images)
+
+
+def fingerprint(images: Sequence[Any]) -> str:
+    """A digest of the images' content: a file's bytes (read, not decoded), a PIL image's mode, size and pixels,
+    anything else (a demo scene) by its ``repr``. The same images give the same digest in every process."""
+    digest = hashlib.sha256()
+    for image in images:
+        if isinstance(image, (str, Path)):
+            digest.update(b"file:" + read_image_bytes(image))
+        elif hasattr(image, "tobytes") and hasattr(image, "mode"):
+            digest.update(f"pil:{image.mode}:{image.size}:".encode() + image.tobytes())
+        else:
+            digest.update(f"repr:{image!r}".encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def read_image_bytes(path: str | Path) -> bytes:
+    """An image file's bytes, or the one-line InputError the image loader gives for a file it can't read."""
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError:
+        load_image(path)  # raises the loader's own one-line error for this file
+        raise
 
 
 def from_sample(sample: Sample) -> Conversation:
-    return Conversation(sample.id, tuple(sample.turns), tuple(sample.history), lambda: load_sample_images(sample))
+    return Conversation(sample.id, tuple(sample.turns), tuple(sample.history), lambda: load_sample_images(sample),
+                        lambda: (len(sample.images), fingerprint(sample.images)))
 
 
 def demo_training(n: int, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:
@@ -47,7 +88,8 @@ def demo_training(n: int, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:
     def images(sample: tasks.Sample) -> Callable[[], list[Any]]:
         return lambda: [scenes.render(scene, scenes.DISPLAY_SIZE) for scene in sample.images]
 
-    return [Conversation(f"train-{s.family}-{s.seed}", (s.questions[-1],), tuple(s.turns[:-1]), images(s))
+    return [Conversation(f"train-{s.family}-{s.seed}", (s.questions[-1],), tuple(s.turns[:-1]), images(s),
+                         (lambda s=s: (len(s.images), fingerprint(s.images))))  # a scene by its description
             for s in tasks.training_corpus(n, seed=seed, weights=DEMO_TRAIN_WEIGHTS)]
 
 

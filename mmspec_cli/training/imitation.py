@@ -24,9 +24,8 @@ from torch import nn
 from mmspec_cli.models.imitation import ImitationNetwork
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.parts import text_decoder
-from mmspec_cli.models.prompts import process
 from mmspec_cli.training.losses import imitation_loss, top1_agreement, uniform_noise
-from mmspec_cli.training.sequences import Turn
+from mmspec_cli.training.sequences import Turn, run_turn
 
 FUSED_LAYERS = 4  # the last four layers' outputs (FastVLM: x_L, x_{L-1}, x_{L-2}, x_{L-3})
 
@@ -55,20 +54,14 @@ class LayerSequence:
 def layer_reader(layer: int):
     """A reader of :class:`LayerSequence` for exit layer ``layer`` (for :class:`~.sequences.SequenceStore`)."""
 
-    @torch.no_grad()
     def read(target: LoadedModel, turn: Turn) -> LayerSequence:
-        images = turn.conversation.load_images()
-        prompt = process(target.processor, turn.answer.prompt, images)
-        ids = prompt.ids + list(turn.answer.answer_ids)
-        model = target.model
-        vision = {k: (v.to(model.device, model.dtype) if v.is_floating_point() else v.to(model.device))
-                  for k, v in prompt.vision.items()}
-        out = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False, logits_to_keep=1,
-                    output_hidden_states=True, **vision)
-        states = out.hidden_states  # (L + 1) x (1, N, H): [0] the embeddings, [l] after layer l, [L] normed
-        fused = torch.cat([states[-k][0] for k in range(fused_layers(target), 0, -1)], dim=-1)
-        return LayerSequence(ids, len(prompt.ids), states[layer][0].float().clone(), fused.float().clone(),
-                             states[-1][0].float().clone())
+        parts: list[tuple[torch.Tensor, ...]] = []  # per forward: (L + 1) x (N_i, H), [l] after layer l, [L] normed
+        prompt = run_turn(target, turn, lambda out: parts.append(tuple(s[0] for s in out.hidden_states)),
+                          output_hidden_states=True)
+        states = [torch.cat(layer) for layer in zip(*parts)]  # (L + 1) x (N, H)
+        fused = torch.cat([states[-k] for k in range(fused_layers(target), 0, -1)], dim=-1)
+        return LayerSequence(prompt.ids + list(turn.answer.answer_ids), len(prompt.ids), states[layer].float().clone(),
+                             fused.float().clone(), states[-1].float().clone())
 
     return read
 

@@ -30,21 +30,24 @@ from mmspec_cli.bench.records import OutLock
 from mmspec_cli.choices import IMITATION
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter, check_layer, layer_count
-from mmspec_cli.errors import InputError
+from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
 from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_imitation
 from mmspec_cli.models.loading import LoadedModel, load_model, resolve_device
 from mmspec_cli.models.profiles import Profile
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.target_identity import canonical_name, signature
 from mmspec_cli.training import acceptance
-from mmspec_cli.training.answers import AnswerSettings, answers_path, generate_answers
+from mmspec_cli.training.answers import AnswerFile, AnswerSettings, answers_path, generate_answers
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
+from mmspec_cli.training.out_folder import check_out, clean_up, make_parents
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
 from mmspec_cli.training.imitation import ImitationObjective, layer_reader
+from mmspec_cli.training.limits import check_steps
 from mmspec_cli.training.progress import Phase, TrainingNotes
-from mmspec_cli.training.sequences import SequenceStore, Turn, read_sequence, trainable
-from mmspec_cli.training.trainer import TrainConfig, copy_embeddings, make_accelerator, train
+from mmspec_cli.training.sequences import SequenceStore, Turn, placeholder_answers, read_sequence, trainable
+from mmspec_cli.training.trainer import TrainConfig, TrainingInterrupted, copy_embeddings, make_accelerator, train
 
 DEFAULT_EPOCHS = 20  # ViSpec
 DEFAULT_LR = 3e-5  # ViSpec's training script; tiny heads (the demo's) want about 1e-3
@@ -82,23 +85,6 @@ class TrainHeadSettings:
     ssd_layer: int | None = None  # imitation: the exit layer the network follows
 
 
-def check_out(out: Path) -> None:
-    """``--out`` is (or can become) a writable folder, and its parent takes the answers file."""
-    shown = shorten(str(out))
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {shown} is a file; name a folder for the head")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".mmspec-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-        probe = out.parent / f".{out.name}.mmspec-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(f"--out {shown} can't be written ({exc.strerror or exc}); pick another folder") from None
-
-
 def _load_target(profile: Profile, accelerator: Any) -> LoadedModel:
     spec = profile.target
     if accelerator.num_processes > 1:  # one copy per process, on its own device
@@ -124,26 +110,57 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     """
     s = settings
     check_out(s.out)
+    target_name = canonical_name(profile.target.model)  # what the answers, checkpoints and the head name
+    resume = check_start(s.out, s.resume, s.kind, target_name)
     answers_file = s.answers_file or answers_path(s.out)
     # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on CPUs too
     accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
-    lock = OutLock.acquire(answers_file) if accelerator.is_main_process else None  # one run per answers file
+    main = accelerator.is_main_process
+    created = make_parents(answers_file) if main else []
+    answers_existed = answers_file.exists()
+    lock = OutLock.acquire(answers_file) if main else None  # one run per answers file
     try:
-        return _train_head(profile, s, answers_file, accelerator, log, progress, on_target, on_step)
+        return _train_head(profile, s, resume, answers_file, accelerator, log, progress, on_target, on_step)
+    except BaseException as exc:
+        if lock is not None:
+            lock.release()
+            lock = None
+            _leave_what_is_worth_keeping(exc, s, target_name, answers_file, answers_existed, created)
+        raise
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, accelerator: Any,
-                log: Callable[[str], None], progress: bool | None, on_target: Callable[[LoadedModel], Any] | None,
+def _leave_what_is_worth_keeping(exc: BaseException, s: TrainHeadSettings, target_name: str, answers_file: Path,
+                                 existed: bool, created: list[Path]) -> None:
+    """After a failed run: an answers file this run created holding no answer is removed, with the folders made for
+    it; answers that stay are named in the error line (the next run reuses them)."""
+    try:
+        kept = AnswerFile(answers_file, s.answers, target_name).answered() if answers_file.is_file() else 0
+    except MmspecError:  # another run's file, refused before this run wrote to it
+        kept = 0
+    if not kept and not existed:
+        answers_file.unlink(missing_ok=True)
+    clean_up(created)
+    if kept and isinstance(exc, MmspecError) and exc.args:
+        exc.args = (f"{exc.args[0]}; the {kept} answer{'s' if kept != 1 else ''} in {shorten(str(answers_file))} "
+                    f"are kept and reused by the next run",)
+
+
+def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] | None, answers_file: Path,
+                accelerator: Any, log: Callable[[str], None], progress: bool | None,
+                on_target: Callable[[LoadedModel], Any] | None,
                 on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
-    target_name = profile.target.model
-    resume = check_start(s.out, s.resume, s.kind, target_name)
+    target_name = canonical_name(profile.target.model)
     found = conversations(s.source, s.limit)
     if s.evaluate is not None:
         training, held = found, list(s.evaluate)
     else:
+        if s.held_out is not None and s.held_out >= len(found) and s.held_out > 0:
+            raise InputError(f"--held-out {s.held_out}: SOURCE {shorten(s.source)} has {len(found)} sample"
+                             f"{'s' if len(found) != 1 else ''} and at least one must be trained on; pass "
+                             f"--held-out {len(found) - 1} or less (0: measure on none)")
         held_out = min(MAX_HELD_OUT, len(found) // 10) if s.held_out is None else s.held_out
         training, held = split_held_out(found, held_out)
     clock = time.perf_counter()
@@ -161,8 +178,13 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
 
     turns_total = sum(len(c.turns) for c in training)
     if main:
-        with Phase("answers", turns_total, enabled=progress, log=log) as phase:
-            records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
+        try:
+            with Phase("answers", turns_total, enabled=progress, log=log) as phase:
+                records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
+        except KeyboardInterrupt:
+            kept = AnswerFile(answers_file, s.answers, target_name).answered() if answers_file.is_file() else 0
+            raise TrainingInterrupted(f"{kept} answer{'s' if kept != 1 else ''} {'is' if kept == 1 else 'are'} "
+                                      f"saved in {answers_file} and reused when the run starts again") from None
     accelerator.wait_for_everyone()
     if not main:
         records = generate_answers(target, target_name, training, answers_file, s.answers)  # reads them back
@@ -176,12 +198,21 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     if failed:
         log(f"skipped {len(failed)} of {len(records)} turns whose inputs failed (recorded in "
             f"{shorten(str(answers_file))}); first: {failed[0].error}")
+    placeholders = placeholder_answers(target, usable)
+    if placeholders:
+        log(f"{placeholders} of {len(usable)} answers hold the target's image placeholder id; read as the ordinary "
+            f"tokens they were when the target produced them (after the prompt, with no image)")
     by_id = {c.id: c for c in training}
     reader = layer_reader(s.ssd_layer) if s.kind == IMITATION else read_sequence
     store = SequenceStore(target, [Turn(by_id[a.id], a) for a in usable], reader=reader)
+    batch_size = min(s.batch_size, len(store))
+    if batch_size < s.batch_size:
+        log(f"--batch-size {s.batch_size} is more than the {len(store)} answered turns there are to train on; each "
+            f"step takes all {len(store)} (batch size {batch_size})")
     epochs = s.epochs if s.epochs is not None else DEFAULT_EPOCHS
-    steps = s.steps if s.steps is not None else epochs * math.ceil(len(store) / s.batch_size)
-    config = TrainConfig(steps=steps, batch_size=s.batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
+    steps = s.steps if s.steps is not None else epochs * math.ceil(len(store) / batch_size)
+    check_steps(steps, "--steps" if s.steps is not None else "--epochs")
+    config = TrainConfig(steps=steps, batch_size=batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
                          warmup=s.warmup, seed=s.seed, checkpoint_every=s.checkpoint_every)
     if resume is not None:
         check_settings(resume, {**asdict(config), "sequences": len(store)}, f"{shorten(str(s.out))}/checkpoint.pt")
@@ -189,8 +220,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     report: dict[str, Any] = {
         "process": accelerator.process_index, "processes": accelerator.num_processes, "source": s.source,
         "conversations": len(training), "turns": len(records), "skipped": len(failed),
-        "sequences": len(store), "steps": steps, "epochs": round(steps * s.batch_size / len(store), 2),
-        "batch_size": s.batch_size, "lr": s.lr, "noise": s.noise, "seed": s.seed,
+        "sequences": len(store), "placeholder_answers": placeholders, "steps": steps,
+        "epochs": round(steps * batch_size / len(store), 2), "batch_size": batch_size, "lr": s.lr, "noise": s.noise, "seed": s.seed,
         "answers": {k: v for k, v in asdict(s.answers).items()},
     }
     if s.kind == IMITATION:
@@ -204,27 +235,35 @@ def _train_head(profile: Profile, s: TrainHeadSettings, answers_file: Path, acce
     identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store)}
     keep: dict[str, Any] = {}
     if s.measure_before and held and resume is None and main:
-        keep["before"] = acceptance.measure(target, HeadDrafter(target, head.eval()), held, max_new).as_dict()
-        log(f"acceptance before training: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
-            f"conversations (γ = 5, greedy)")
+        keep["before"] = _measure(target, HeadDrafter(target, head.eval()), held, max_new, log,
+                                  "acceptance before training", "(γ = 5, greedy)")
     result = _train_with_progress(head, target, store, config, s.out, identity, resume, keep, accelerator, log,
                                   progress, on_step)
     report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
-        extra = {"training": report}
-        save_head(head, s.out, target_name, dtype=torch.float16, extra=extra)
+        def write() -> None:
+            save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report},
+                      target_signature=signature(target.model))
+
+        write()
         if held:
             loaded = load_head(str(s.out), s.kind, s.num_q, target)
-            after = acceptance.measure(target, HeadDrafter(target, loaded), held, max_new).as_dict()
+            after = _measure(target, HeadDrafter(target, loaded), held, max_new, log, "acceptance after training")
             report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
                                     "before": result.kept.get("before"), "after": after}
-            log(f"acceptance after training: τ {after['block_efficiency']:.3f} on {len(held)} held-out conversations"
-                + (f" (before: {result.kept['before']['block_efficiency']:.3f})" if result.kept.get("before") else ""))
-            save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report})
+            write()
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
     return report
+
+
+def _measure(target: LoadedModel, drafter: Any, held: Sequence[Conversation], max_new: int,
+             log: Callable[[str], None], what: str, how: str = "") -> dict[str, Any] | None:
+    """:func:`.acceptance.measure` on the held-out conversations, told in one line; its dict (None: none decoded)."""
+    found = acceptance.measure(target, drafter, held, max_new)
+    log(acceptance.described(found, len(held), what) + (f" {how}" if how and found is not None else ""))
+    return None if found is None else found.as_dict()
 
 
 def _train_with_progress(trained: torch.nn.Module, target: LoadedModel, store: SequenceStore, config: TrainConfig,
@@ -261,10 +300,8 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
     identity = {"kind": IMITATION, "layer": layer, "target": target_name, "sequences": len(store)}
     keep: dict[str, Any] = {}
     if s.measure_before and held and resume is None and main:  # an untrained network is the plain draft
-        plain = SelfSpeculativeDrafter(target, layer)
-        keep["before"] = acceptance.measure(target, plain, held, max_new).as_dict()
-        log(f"acceptance without the network: τ {keep['before']['block_efficiency']:.3f} on {len(held)} held-out "
-            f"conversations (ssd at layer {layer}, γ = 5, greedy)")
+        keep["before"] = _measure(target, SelfSpeculativeDrafter(target, layer), held, max_new, log,
+                                  "acceptance without the network", f"(ssd at layer {layer}, γ = 5, greedy)")
     result = _train_with_progress(objective, target, store, config, s.out, identity, resume, keep, accelerator, log,
                                   progress, on_step, objective=objective)
     report.update(layer=layer, final=result.tail(),
@@ -273,12 +310,10 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
         save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
         if held:
             network = load_imitation(str(s.out), layer, target)
-            after = acceptance.measure(target, SelfSpeculativeDrafter(target, layer, network), held, max_new).as_dict()
+            after = _measure(target, SelfSpeculativeDrafter(target, layer, network), held, max_new, log,
+                             "acceptance through the network")
             report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True, "layer": layer,
                                     "before": result.kept.get("before"), "after": after}
-            log(f"acceptance through the network: τ {after['block_efficiency']:.3f} on {len(held)} held-out "
-                f"conversations" + (f" (without: {result.kept['before']['block_efficiency']:.3f})"
-                                    if result.kept.get("before") else ""))
             save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)

@@ -1,11 +1,18 @@
 """The target's view of each answered turn: token ids, and its features read exactly as inference reads them.
 
-A training sequence is the prompt the target answered followed by its answer. ONE frozen forward
-of the target over it gives, through the same forward hook the head drafter reads at inference
-(:func:`mmspec_cli.decoding.features.tap_for`), the input embeddings e_p (the projector outputs
-at image slots) and the last hidden states f_p after the final norm. The target's logits at p
-are ``lm_head(f_p)``, so they are not stored. Features are computed once per sequence and kept in
-memory while they fit in ``budget_bytes`` (float32); past that they are computed again when used.
+A training sequence is the prompt the target answered followed by its answer. The frozen target
+runs over it as decoding fed it (:func:`run_turn`): the prompt with its images, then the answer
+after the cached prompt, its tokens ordinary tokens. Through the same forward hook the head
+drafter reads at inference (:func:`mmspec_cli.decoding.features.tap_for`) that gives the input
+embeddings e_p (the projector outputs at image slots) and the last hidden states f_p after the
+final norm. The target's logits at p are ``lm_head(f_p)``, so they are not stored. Features are
+computed once per sequence and kept in memory while they fit in ``budget_bytes`` (float32); past
+that they are computed again when used.
+
+Any target can emit any token of its vocabulary, its own image placeholder id included. Fed in one
+forward with the pixels, such an answer would ask for one image more than the prompt holds; fed
+after the prompt, the placeholder is the ordinary token it was when the target produced it
+(:func:`placeholder_answers` counts these answers for the report).
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from mmspec_cli.decoding.features import tap_for
+from mmspec_cli.decoding.kv import to_model
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.prompts import process
+from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.training.answers import Answer
 from mmspec_cli.training.corpus import Conversation
 
@@ -52,19 +61,40 @@ def trainable(answers: Sequence[Answer]) -> list[Answer]:
     return [a for a in answers if a.error is None and a.answer_ids]
 
 
-@torch.no_grad()  # not inference_mode: the features enter the head's autograd graph
-def read_sequence(target: LoadedModel, turn: Turn) -> TargetSequence:
-    """Run the frozen target once over the turn's prompt and answer and read its features."""
+def placeholder_answers(target: LoadedModel, answers: Sequence[Answer]) -> int:
+    """How many ``answers`` hold the target's image placeholder id (read as ordinary tokens, see the module doc)."""
+    image_id = target.image_token_id
+    return 0 if image_id is None else sum(image_id in a.answer_ids for a in answers)
+
+
+@torch.no_grad()  # not inference_mode: what the readers keep enters the head's autograd graph
+def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any], None], **kwargs: Any) -> ModelPrompt:
+    """Run the frozen target over the turn's prompt, then its answer, as decoding fed them (module doc).
+
+    The prompt goes with its images; the answer follows in a second forward over the cached prompt,
+    with no pixels. ``on_forward(output)`` is called after each forward (the reader takes what it
+    needs); ``kwargs`` go to both. Returns the prompt as the target's processor tokenized it.
+    """
     images = turn.conversation.load_images()
     prompt = process(target.processor, turn.answer.prompt, images)
-    ids = prompt.ids + list(turn.answer.answer_ids)
     model = target.model
-    tap = tap_for(model)
-    vision = {k: (v.to(model.device, model.dtype) if v.is_floating_point() else v.to(model.device))
-              for k, v in prompt.vision.items()}
-    model(input_ids=torch.tensor([ids], device=model.device), use_cache=False, logits_to_keep=1, **vision)
-    embeds, hidden = tap.take()
-    return TargetSequence(ids, len(prompt.ids), embeds.float().clone(), hidden.float().clone())
+    cache = DynamicCache(config=model.config)
+    vision = {k: to_model(v, model) for k, v in prompt.vision.items()}
+    for ids, pixels in ((prompt.ids, vision), (list(turn.answer.answer_ids), {})):
+        if ids:
+            on_forward(model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
+                             use_cache=True, logits_to_keep=1, **pixels, **kwargs))
+    return prompt
+
+
+def read_sequence(target: LoadedModel, turn: Turn) -> TargetSequence:
+    """The turn's ids and the target's features at every position (:func:`run_turn`)."""
+    tap = tap_for(target.model)
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    prompt = run_turn(target, turn, lambda output: parts.append(tap.take()))
+    embeds = torch.cat([e for e, _ in parts]).float().clone()
+    hidden = torch.cat([h for _, h in parts]).float().clone()
+    return TargetSequence(prompt.ids + list(turn.answer.answer_ids), len(prompt.ids), embeds, hidden)
 
 
 class SequenceStore:

@@ -19,7 +19,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mmspec_cli.errors import InputError
 from mmspec_cli.models.head import DraftHead
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.training.checkpoint import save_checkpoint
@@ -136,34 +140,116 @@ def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, conf
     orders: dict = {}
     result = TrainResult(steps=total, started_at=start, seconds=0.0, kept=kept)
     clock = time.perf_counter()
+    saved = start if resume is not None else None  # the step of the newest checkpoint on disk
 
-    def checkpoint(step: int) -> None:
+    def checkpoint(step: int, rng: tuple[torch.Tensor, torch.Tensor], barrier: bool = True) -> None:
+        nonlocal saved
         if accelerator.is_main_process:
             save_checkpoint(out, {**identity, "settings": asdict(config), "step": step,
                                   "head": head.state_dict(),
                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                  "noise_rng": generator.get_state(), "torch_rng": torch.get_rng_state(),
-                                  "kept": kept})
-        accelerator.wait_for_everyone()
+                                  "noise_rng": rng[0], "torch_rng": rng[1], "kept": kept})
+        saved = step
+        if barrier:
+            accelerator.wait_for_everyone()
 
-    for step in range(start, total):
-        indices = batch_indices(step, config.batch_size, len(store), config.seed, orders)
-        with accelerator.split_between_processes(indices, apply_padding=True) as mine:
-            batch = [store[i] for i in mine]
-        loss, stats = objective(batch, generator)
-        accelerator.backward(loss)
-        accelerator.clip_grad_value_(params, config.clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        result.history.append({"step": step + 1, "loss": float(loss.detach()), "passes": stats})
-        if on_step is not None:
-            on_step(step + 1, total, stats)
-        if (step + 1) % config.checkpoint_every == 0 or step + 1 == total:
-            checkpoint(step + 1)
+    def rng_now() -> tuple[torch.Tensor, torch.Tensor]:
+        return generator.get_state(), torch.get_rng_state()
+
+    done = step = start  # done: the steps whose update is complete
+    rng = rng_now()  # what a checkpoint of `done` = `step` steps holds
+    with CtrlC() as ctrl_c:
+        try:
+            for step in range(start, total):
+                rng = rng_now()
+                indices = batch_indices(step, config.batch_size, len(store), config.seed, orders)
+                with accelerator.split_between_processes(indices, apply_padding=True) as mine:
+                    batch = [store[i] for i in mine]
+                loss, stats = objective(batch, generator)
+                check_finite(accelerator, loss, step + 1, config.lr, out, saved)
+                accelerator.backward(loss)
+                accelerator.clip_grad_value_(params, config.clip)
+                with ctrl_c.deferred():  # an update is applied whole or not at all
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    result.history.append({"step": step + 1, "loss": float(loss.detach()), "passes": stats})
+                    done = step + 1
+                if on_step is not None:
+                    on_step(step + 1, total, stats)
+                if done % config.checkpoint_every == 0 or done == total:
+                    checkpoint(done, rng_now())
+        except KeyboardInterrupt:
+            if done > 0 and saved != done:  # the interval since the last checkpoint is kept too
+                checkpoint(done, rng if done == step else rng_now(), barrier=False)
+            if saved is None:
+                raise TrainingInterrupted("no training step was completed, so no checkpoint was written") from None
+            raise TrainingInterrupted(f"the checkpoint of step {saved} of {total} is saved in {out}") from None
     result.seconds = time.perf_counter() - clock
     head.eval()
     return result
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, once the state reached is saved: ``saved`` says where (the CLI prints it)."""
+
+    def __init__(self, saved: str):
+        super().__init__(saved)
+        self.saved = saved
+
+
+class TrainingDiverged(InputError):
+    """The loss turned NaN or infinite: the run stops before the update that would spread it into the weights."""
+
+
+def check_finite(accelerator: Any, loss: torch.Tensor, step: int, lr: float, out: Path, saved: int | None) -> None:
+    """Stop (every process alike) when any process's loss of ``step`` is not finite; one line says what is kept."""
+    losses = accelerator.gather(loss.detach().reshape(1))
+    if bool(torch.isfinite(losses).all()):
+        return
+    kept = (f"the checkpoint of step {saved} is kept in {out}/checkpoint.pt" if saved is not None
+            else "no checkpoint had been written")
+    raise TrainingDiverged(f"training stopped at step {step}: the loss is {float(losses[~torch.isfinite(losses)][0])} "
+                           f"(the learning rate {lr:g} is likely too high); {kept}; train again with a lower --lr "
+                           f"into a new --out")
+
+
+class CtrlC:
+    """While entered: Ctrl-C raises KeyboardInterrupt at once, except inside :meth:`deferred`, where it is held until
+    the block ends. Installed only in the main thread, and only over Python's own handler (a SIGINT that the shell
+    ignores, for a background job, stays ignored)."""
+
+    def __init__(self):
+        self.holding = False
+        self.pending = False
+        self.previous: Any = None
+
+    def __enter__(self) -> "CtrlC":
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.holding:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 def trainable_parameters(head: DraftHead) -> int:
