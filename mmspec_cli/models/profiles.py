@@ -28,7 +28,7 @@ import yaml
 
 from mmspec_cli.choices import (DTYPES, HEAD_KINDS, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
                                 QUANTIZATIONS, SCHEDULES, TREE_KINDS)
-from mmspec_cli.errors import ProfileError
+from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.prompts import shorten
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
@@ -588,7 +588,8 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     """Return ``profile`` with CLI values applied; ``None`` values (flag not given) are ignored.
 
     Values go through the same checks as the YAML, so errors read
-    ``--gamma: expected an integer between 1 and 64, got 0``.
+    ``--gamma: expected an integer between 1 and 64, got 0``. Dynamic-tree overrides given with a tree that
+    is not dynamic are refused (:func:`_check_dynamic_flags`).
     """
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
@@ -605,7 +606,37 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     top = changes.pop(None, {})
     for section, values in changes.items():
         top[section] = dataclasses.replace(getattr(profile, section), **values)
-    return dataclasses.replace(profile, **top)
+    changed = dataclasses.replace(profile, **top)
+    _check_dynamic_flags(changed.decoding, [name for name in DYNAMIC_TREE_FLAGS if overrides.get(name) is not None])
+    return changed
+
+
+#: The overrides that shape only a dynamic tree (EAGLE-2): given with any other tree, they would do nothing.
+DYNAMIC_TREE_FLAGS = ("tree_budget", "tree_depth", "tree_topk")
+
+
+def tree_kind(decoding: DecodingSpec) -> str:
+    """The tree a block drafts: ``decoding.tree``, or when unset a width tree for ``tree_width`` > 1, else a chain
+    (``decoding/tree.TreeSettings.resolve`` decides the same way)."""
+    return decoding.tree if decoding.tree is not None else ("width" if decoding.tree_width > 1 else "chain")
+
+
+def _check_dynamic_flags(decoding: DecodingSpec, given: list[str]) -> None:
+    """Refuse ``--tree-budget/--tree-depth/--tree-topk`` (or ``load_decoder(tree_budget=...)``) given with a tree that
+    is not dynamic, as a conflicting ``--tree``/``--tree-width`` pair is refused, instead of ignoring them.
+
+    Only values given as overrides are refused: a profile may hold dynamic-tree settings (``decoding.tree_budget``)
+    and still be run with ``--tree chain``; its settings then wait for ``--tree dynamic``.
+    """
+    if not given:
+        return
+    kind = tree_kind(decoding)
+    if kind == "dynamic":
+        return
+    flags = "/".join(_flag(name) for name in given)
+    drop = "drop it" if len(given) == 1 else "drop them"
+    raise InputError(f"{flags} shape{'s' if len(given) == 1 else ''} dynamic trees only, and this run drafts a "
+                     f"{kind}{' tree' if kind == 'width' else ''}; add --tree dynamic, or {drop}")
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
