@@ -91,3 +91,71 @@ def test_load_decoder_refuses_the_same_keywords(tiny_dirs, tmp_path, no_model_lo
     profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"])
     with pytest.raises(InputError, match="--tree-topk shapes dynamic trees only"):
         load_decoder(profile, tree_topk=4)
+
+
+# --------------------------------------------------------------------------- 7. bench --out after a failure
+
+
+@pytest.fixture
+def bench_files(tiny_dirs, tmp_path) -> dict:
+    [image] = save_images(tmp_path, 1)
+    good = {"id": "a", "images": [image], "turns": [QUESTION], "category": "c"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(good) + "\n{not json\n")
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(json.dumps(good) + "\n")
+    return {"root": tmp_path, "bad_manifest": str(bad), "manifest": str(ok),
+            "profile": write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
+                                     max_new_tokens=4),
+            "no_model": write_profile(tmp_path / "missing.yaml", str(tmp_path / "no-such-target"),
+                                      tiny_dirs["perturbed"])}
+
+
+def test_a_run_refused_after_opening_its_out_file_leaves_no_file(bench_files, no_model_loading):
+    out = bench_files["root"] / "new.jsonl"
+    result = runner.invoke(app, ["bench", bench_files["bad_manifest"], "--drafters", "ar", "--out", str(out),
+                                 "--profile", bench_files["profile"]])
+    assert_one_line_error(result, "line 2")
+    assert not out.exists() and not Path(f"{out}.lock").exists()
+
+
+def test_a_model_that_cant_load_leaves_no_file_and_an_existing_file_is_untouched(bench_files):
+    out = bench_files["root"] / "new.jsonl"
+    args = [bench_files["manifest"], "--drafters", "ar", "--out", str(out), "--profile", bench_files["no_model"]]
+    result = runner.invoke(app, ["bench", *args])
+    assert_one_line_error(result, "no-such-target")
+    assert not out.exists()
+    out.write_text("")  # there before the run: an empty file stays as it was
+    os.utime(out, ns=(5, 5))
+    result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 2 and out.exists() and out.read_text() == "" and out.stat().st_mtime_ns == 5
+
+
+def test_the_results_file_is_removed_only_when_the_run_wrote_nothing(tmp_path):
+    new = tmp_path / "new.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        with records_mod.ResultsFile.open(new, False, {}) as results:
+            raise KeyboardInterrupt  # a Ctrl-C before the first turn ended
+    assert results.removed and not new.exists()
+    from mmspec_cli.cli.bench import interrupted_line
+
+    assert interrupted_line(results, "mmspec bench S --out F --resume") == (
+        f"interrupted: no record was saved, so {new}, which this run created, was removed; to start again, run: "
+        f"mmspec bench S --out F --resume")
+    with pytest.raises(KeyboardInterrupt):
+        with records_mod.ResultsFile.open(new, False, {}) as results:
+            results.write({"id": "a", "turn": 0, "drafter": "ar"})
+            raise KeyboardInterrupt
+    assert not results.removed and new.read_text() == '{"id": "a", "turn": 0, "drafter": "ar"}\n'
+    ended = tmp_path / "ended.jsonl"
+    with records_mod.ResultsFile.open(ended, False, {}):
+        pass  # a run that ends normally (a shard with no samples) keeps its file
+    assert ended.exists()
+
+
+def test_a_run_with_records_keeps_them(bench_files):
+    out = bench_files["root"] / "kept.jsonl"
+    result = runner.invoke(app, ["bench", bench_files["manifest"], "--drafters", "ar", "--out", str(out), "--profile",
+                                 bench_files["profile"], "--no-warmup", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(line)["drafter"] for line in out.read_text().splitlines()] == ["ar"]

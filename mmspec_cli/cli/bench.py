@@ -55,6 +55,7 @@ def bench(
     """Benchmark drafters on many samples: block efficiency, acceptance, speed, per category.
 
     Each finished turn is appended to --out at once: a killed run loses nothing finished, and --resume continues it.
+    A run that fails before its first record removes the --out file it created (a file that was there is kept).
 
     At temperature 0 every drafter's token ids are checked against ar's. Exit 1 if a sample failed or a check did.
     """
@@ -214,6 +215,9 @@ def interrupted_line(results, again: str) -> str:
 
     if results.path is None:
         return "interrupted: no --out was given, so no records were saved; pass --out FILE to keep them"
+    if results.removed:  # no turn had finished: the file this run made was removed again (bench/records.py)
+        return (f"interrupted: no record was saved, so {results.path}, which this run created, was removed; "
+                f"to start again, run: {again}")
     n = results.saved()
     return (f"interrupted: {counted(n, 'record')} {'is' if n == 1 else 'are'} saved in {results.path}; "
             f"to continue, run: {again}")
