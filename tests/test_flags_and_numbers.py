@@ -93,6 +93,47 @@ def test_load_decoder_refuses_the_same_keywords(tiny_dirs, tmp_path, no_model_lo
         load_decoder(profile, tree_topk=4)
 
 
+# --------------------------------------------------------------------------- 5. progress bars at 80 and 60 columns
+
+
+def rendered(progress, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    with console.capture() as capture:
+        console.print(progress.make_tasks_table(progress.tasks))
+    return capture.get()
+
+
+TIME = r"\d+:\d\d:\d\d"
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_bench_bar_keeps_count_elapsed_and_eta_readable(width):
+    from mmspec_cli.bench.progress import BenchProgress
+
+    bar = BenchProgress(400, ["ar", "m", "t", "tabed:mtcp"], enabled=True,
+                        console=Console(file=io.StringIO(), width=width))
+    for drafter, blocks in (("ar", 30), ("m", 10), ("t", 11), ("tabed:mtcp", 9)):
+        bar.turn_done({"drafter": drafter, "new_tokens": 30, "blocks": blocks})
+    bar.sample("llava-bench-in-the-wild-[042]-a-long-sample-id", "tabed:mtcp")
+    [line] = rendered(bar._progress, width).splitlines()
+    assert len(line) <= width
+    assert re.search(rf" 4/400 {TIME} ETA {TIME} ", line), line  # whole, not cut to "…"
+    assert line.startswith("tabed:mt") and "…" in line  # the description (drafter first) and the τ note gave way
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_train_head_bar_keeps_count_elapsed_and_eta_readable(width):
+    from mmspec_cli.training.progress import Phase
+
+    phase = Phase("training vispec head", 12000, done=250, enabled=True)
+    phase.note("loss 0.123 top-1 0.456 | pass 3: loss 0.789 top-1 0.321 and more text to make it long")
+    phase.advance(3)
+    [line] = rendered(phase._progress, width).splitlines()
+    assert len(line) <= width
+    assert re.search(rf"  253/12000 {TIME} ETA ({TIME}|-:--:--) ", line), line
+    assert "…" in line
+
+
 # --------------------------------------------------------------------------- 7. bench --out after a failure
 
 
