@@ -93,6 +93,33 @@ def test_load_decoder_refuses_the_same_keywords(tiny_dirs, tmp_path, no_model_lo
         load_decoder(profile, tree_topk=4)
 
 
+# --------------------------------------------------------------------------- 4. the library's threads
+
+
+def test_load_decoder_applies_the_clis_thread_choice_unless_told_otherwise(tiny_dirs, tmp_path, monkeypatch):
+    from mmspec_cli.api import ModelSet, load_decoder
+
+    monkeypatch.delenv("MMSPEC_THREADS", raising=False)
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        load_decoder(profile, drafter="ar")
+        assert torch.get_num_threads() == 1  # a small target: 1 thread, as the CLI chooses
+        torch.set_num_threads(2)
+        load_decoder(profile, drafter="ar", threads=None)
+        assert torch.get_num_threads() == 2  # left alone
+        load_decoder(profile, drafter="ar", threads=3)
+        assert torch.get_num_threads() == 3
+        monkeypatch.setenv("MMSPEC_THREADS", "2")
+        models = ModelSet.load(load_profile(profile), ["ar"])
+        assert torch.get_num_threads() == 2 and models.threads.reason == "MMSPEC_THREADS"
+        with pytest.raises(InputError, match="threads: expected a number of CPU threads >= 1"):
+            load_decoder(profile, drafter="ar", threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------- 5. progress bars at 80 and 60 columns
 
 
