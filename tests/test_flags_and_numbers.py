@@ -362,6 +362,52 @@ def test_the_train_head_bar_keeps_count_elapsed_and_eta_readable(width):
     assert "…" in line
 
 
+# --------------------------------------------------------------------------- 6. --profile <(...)
+
+
+def feed(path: str, text: str) -> threading.Thread:
+    """Write ``text`` into the pipe at ``path`` from another thread (opening a FIFO blocks until it is read)."""
+    def write() -> None:
+        with open(path, "w") as pipe:
+            pipe.write(text)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_profile_from_a_fifo_is_read_like_a_file(tmp_path):
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    writer = feed(str(fifo), "target: {model: some/target}\ndecoding: {gamma: 7}\n")
+    profile = load_profile(str(fifo))
+    writer.join(timeout=10)
+    assert profile.target.model == "some/target" and profile.decoding.gamma == 7
+
+
+def test_process_substitution_dev_fd_works_on_the_command_line(tmp_path):
+    """``--profile <(...)`` hands the command /dev/fd/N, the read end of a pipe."""
+    records = write_records(tmp_path / "r.jsonl", made_records(("ar", "m")))
+    read, write = os.pipe()
+    os.set_inheritable(read, True)
+    try:
+        with os.fdopen(write, "w") as pipe:
+            pipe.write(Path(summary_profile(tmp_path)).read_text())
+        result = runner.invoke(app, ["bench", "--summarize", str(records), "--profile", f"/dev/fd/{read}",
+                                     "--format", "json"])
+    finally:
+        os.close(read)
+    assert result.exit_code == 0, result.stderr
+    assert {r["drafter"] for r in json.loads(result.stdout)["rows"]} == {"ar", "m"}
+
+
+def test_a_device_or_a_folder_is_still_refused(tmp_path):
+    with pytest.raises(ProfileError, match="profile /dev/zero is not a file or a pipe; pass a YAML file"):
+        load_profile("/dev/zero")
+    with pytest.raises(ProfileError, match="is not a file but a folder"):
+        load_profile(str(tmp_path) + "/")
+
+
 # --------------------------------------------------------------------------- 7. bench --out after a failure
 
 

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -422,13 +423,27 @@ def _available() -> str:
 
 
 def _looks_like_path(value: str) -> bool:
-    """A value is a path if it has a YAML suffix or a separator, or names an existing file."""
+    """A value is a path if it has a YAML suffix or a separator, or names an existing file.
+
+    A regular file is read, and so is a named pipe, once: a FIFO, or the ``/dev/fd/63`` of a shell's process
+    substitution (``--profile <(sed ... demo.yaml)``).
+    """
     separators = {"/", os.sep, os.altsep} - {None}
     return (
         value.lower().endswith(PROFILE_SUFFIXES)
         or any(sep in value for sep in separators)
-        or Path(value).is_file()
+        or _readable_kind(Path(value))
     )
+
+
+def _readable_kind(path: Path) -> bool:
+    """A regular file or a named pipe (a FIFO, or a shell's ``<(...)``); not a folder, and not a device such as
+    ``/dev/zero`` that would never end."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
 
 
 def _resolve(name_or_path: str) -> Path:
@@ -440,9 +455,10 @@ def _resolve(name_or_path: str) -> Path:
                 f"profile file {name_or_path} doesn't exist; pass an existing YAML file or a "
                 f"built-in name ({_available()})"
             )
-        if not path.is_file():
-            raise ProfileError(f"profile {name_or_path} is not a file; pass a YAML file")
-        return path
+        if not _readable_kind(path):
+            what = "not a file but a folder" if path.is_dir() else "not a file or a pipe"
+            raise ProfileError(f"profile {name_or_path} is {what}; pass a YAML file")
+        return path  # a file, or a pipe: `--profile <(...)` (/dev/fd/63) is read like a file
     for suffix in PROFILE_SUFFIXES:
         path = builtin_profiles_dir() / f"{name_or_path}{suffix}"
         if path.is_file():
