@@ -5,6 +5,11 @@
     decoder = load_decoder("llava15-7b", drafter="m")
     generation = decoder.generate(load_images(["img.jpg"]), ["Describe the image."])
     print(generation.turns[0].text, generation.stats.block_efficiency)
+
+CPU threads: loading applies the CLI's thread choice (``models/threads.py``: ``MMSPEC_THREADS``, 1 thread for a
+small target such as the demo family's, else the cores the load average leaves idle; torch's default on a GPU),
+since torch's own default can be tens of times slower on a busy machine. ``threads=N`` sets N threads instead;
+``threads=None`` leaves torch's setting as it is (a program that chose it itself).
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from mmspec_cli.models.imitation import load_imitation
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.threads import ThreadChoice, apply_threads, check_count
 from mmspec_cli.decoding.sampling import SamplingParams
+
+#: ``threads=`` of :meth:`ModelSet.load` and :func:`load_decoder`: make mmspec's thread choice, as the CLI does.
+AUTO_THREADS = "auto"
 
 
 @dataclass
@@ -38,14 +47,21 @@ class ModelSet:
     captioner: Captioner | None = None
     heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec)
     imitation: Any = None  # FastVLM's imitation network for ssd.layer, when ssd.imitation names one
+    threads: ThreadChoice | None = None  # the CPU thread choice made at loading; None: torch's setting left alone
 
     @classmethod
-    def load(cls, profile: Profile, drafters: Sequence[str]) -> "ModelSet":
+    def load(cls, profile: Profile, drafters: Sequence[str], threads: int | str | None = AUTO_THREADS) -> "ModelSet":
         """Load what ``drafters`` need: the draft only if one drafts, the captioner only for ``c``.
 
         Everything that can be refused (drafter names, missing captioner, an ``ssd.layer`` the
         target doesn't have, tokenizer mismatch) is refused here, before any decoding starts.
+
+        ``threads``: ``"auto"`` (the default) sets torch's CPU threads by mmspec's choice for the target, as the
+        CLI does without ``--threads`` (``models/threads.py``); an integer sets that many; ``None`` leaves torch's
+        setting alone. The choice is kept in ``self.threads``.
         """
+        if threads is not None and threads != AUTO_THREADS:
+            check_count(threads, "threads")  # a bad count is refused before anything loads
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
@@ -53,6 +69,8 @@ class ModelSet:
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
+        if threads is not None:
+            models.threads = apply_threads(None if threads == AUTO_THREADS else threads, models.target.model)
         if profile.ssd.layer is not None:  # a layer the target lacks is a mistake even when no ssd drafter runs
             check_layer(profile.ssd.layer, layer_count(models.target.model))
         if profile.ssd.imitation is not None and any(p.name == "ssd" for p in plans):
@@ -122,11 +140,16 @@ def warn_if_self_draft(profile: Profile) -> None:
               f"than ar; name a smaller model under draft: in the profile", file=sys.stderr)
 
 
-def decoder_from_profile(profile: Profile) -> SpeculativeDecoder:
-    """Load the profile's models and build the decoder of its drafter."""
-    return ModelSet.load(profile, [profile.drafter]).decoder(profile.drafter)
+def decoder_from_profile(profile: Profile, threads: int | str | None = AUTO_THREADS) -> SpeculativeDecoder:
+    """Load the profile's models and build the decoder of its drafter (``threads``: as :meth:`ModelSet.load`)."""
+    return ModelSet.load(profile, [profile.drafter], threads=threads).decoder(profile.drafter)
 
 
-def load_decoder(profile: str | None = None, **overrides) -> SpeculativeDecoder:
-    """``load_decoder("llava15-7b", drafter="t", gamma=3)``: a profile name or path plus flag overrides."""
-    return decoder_from_profile(apply_overrides(load_profile(profile), **overrides))
+def load_decoder(profile: str | None = None, *, threads: int | str | None = AUTO_THREADS,
+                 **overrides) -> SpeculativeDecoder:
+    """``load_decoder("llava15-7b", drafter="t", gamma=3)``: a profile name or path plus flag overrides.
+
+    CPU threads are set as the CLI sets them (the module docstring): ``threads="auto"`` by default, ``threads=N``
+    for N threads, ``threads=None`` to leave torch's setting alone.
+    """
+    return decoder_from_profile(apply_overrides(load_profile(profile), **overrides), threads=threads)

@@ -3,15 +3,22 @@
 - T_p(1, S, γ): one target forward verifying γ tokens after a cached prefix of S tokens;
 - T_q(B, S, 1): one draft forward of one token for each of B batch rows after S tokens;
 - T_h(S): one step of a draft head (``eagle``, ``vispec``) after S cached entries: its decoder
-  layer on one token plus the target's LM head, which the head shares.
+  layer on one token plus the target's LM head, which the head shares;
+- T_s(S): one step of ``ssd`` after S cached tokens: the target's first ``ssd.layer`` decoder
+  layers on one token over the target's own cache, then its final norm and LM head (through the
+  profile's imitation network for ``ssd``, and without it for ``ssd:plain``), timed through the
+  drafter's own code (``drafters/ssd.early_exit_logits``). ``ssd`` never runs the draft model,
+  so the draft model's T_q says nothing about it.
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU. The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
-ratio is T_h(S) / T_p(1, S, γ).
-Results are cached as JSON per device and model pair, so ``bench`` can report Eq. (1). The
-cache key holds a fingerprint of the weights each name stands for (:func:`weights_fingerprint`),
-so a retrained model, a new release of a shipped one or a new hub revision is profiled afresh
-instead of inheriting the old ratio.
+ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
+Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
+``bench`` can report Eq. (1). The cache key holds a fingerprint of the weights each name stands
+for (:func:`weights_fingerprint`), so a retrained model, a new release of a shipped one or a new
+hub revision is profiled afresh instead of inheriting the old ratio. The ssd entry also says the
+layer it was timed at and its imitation network's name and fingerprint (:attr:`LatencyResult.ssd`),
+which ``bench`` compares with its records' before using it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -45,6 +53,8 @@ class LatencyResult:
     target_revision: str | None = None  # the profiles' hub revisions, part of the cache key
     draft_revision: str | None = None
     head_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # head kind -> "S" -> ms of T_h(S)
+    ssd_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "ssd", "ssd:plain" -> "S" -> ms of T_s(S)
+    ssd: dict[str, Any] | None = None  # what ssd_ms timed: {"layer", "imitation" (name or None), "imitation_weights"}
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -64,26 +74,44 @@ class LatencyResult:
     def batches(self) -> list[int]:
         return sorted({int(k.split(",")[0]) for k in self.draft_ms})
 
-    def ratio(self, batch: int = 1, seq: int | None = None, gamma: int | None = None, head: str | None = None) -> float:
+    def ratio(self, batch: int = 1, seq: int | None = None, gamma: int | None = None, head: str | None = None,
+              ssd: str | None = None) -> float:
         """c = T_q(B, S, 1) / T_p(1, S, γ) at the measured grid point nearest to (B, S, γ);
-        with ``head`` (a kind): T_h(S) / T_p(1, S, γ)."""
+        with ``head`` (a kind): T_h(S) / T_p(1, S, γ); with ``ssd`` (``ssd`` or ``ssd:plain``): T_s(S) / T_p(1, S, γ)."""
         s = _nearest(self.seqs, seq if seq is not None else self.seqs[0])
         g = _nearest(self.gammas, gamma if gamma is not None else self.gammas[0])
         if head is not None:
             return self.head_ms[head][str(s)] / self.t_p(s, g)
+        if ssd is not None:
+            return self.ssd_ms[ssd][str(s)] / self.t_p(s, g)
         b = _nearest(self.batches, batch)
         return self.t_q(b, s) / self.t_p(s, g)
+
+    def times_ssd(self, name: str, layer: int | None, imitation: str | None) -> bool:
+        """Whether ``ssd_ms`` holds drafter ``name``'s step as a run at ``layer`` with ``imitation`` (the imitation
+        network's name, or None) drafts: the same layer and, for ``ssd``, the same imitation network, whose weights
+        have not changed since (``ssd:plain`` never uses it)."""
+        timed = self.ssd or {}
+        if name not in self.ssd_ms or layer is None or timed.get("layer") != layer:
+            return False
+        if name != "ssd":  # ssd:plain: the layer alone
+            return True
+        if imitation is None:
+            return timed.get("imitation") is None
+        return timed.get("imitation") == imitation and timed.get("imitation_weights") == weights_fingerprint(imitation)
 
 
 def _nearest(values: Sequence[int], x: int) -> int:
     return min(values, key=lambda v: (abs(v - x), v))
 
 
-def device_name(device: torch.device | str) -> str:
+def device_name(device: torch.device | str, threads: int | None = None) -> str:
+    """The cache's name for ``device``: a GPU's model, or the CPU with its cores and the thread count torch uses
+    (``threads``, by default this process's: ``bench --summarize`` passes the count its records were made with)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu-{platform.machine()}-{os.cpu_count()}cores-{torch.get_num_threads()}threads"
+    return f"cpu-{platform.machine()}-{os.cpu_count()}cores-{threads or torch.get_num_threads()}threads"
 
 
 class Timer:
@@ -149,18 +177,56 @@ def head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
                            reset=lambda: crop_to(cache, seq))
 
 
+@torch.inference_mode()
+def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: torch.nn.Module | None = None) -> float:
+    """Median time of one ``ssd`` draft step after ``seq`` cached tokens: the target's first ``layer`` decoder layers
+    on one token over the target's own cache (as verification left it), then ``imitation`` if given, the final norm
+    and the LM head, through the drafter's own code."""
+    from mmspec_cli.drafters.ssd import early_exit_decoder, early_exit_logits, shared_layers
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seq)
+    prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
+    step = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)  # the target's own cache
+    decoder, head = early_exit_decoder(model, layer, imitation), model.get_output_embeddings()
+    view = shared_layers(cache, layer)  # the first `layer` layers of the target's cache, as ssd drafts in it
+    return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: crop_to(view, seq))
+
+
+@dataclass(frozen=True)
+class SsdTiming:
+    """What to time for ``ssd``: the profile's ``ssd.layer`` and its imitation network (loaded, and its name)."""
+
+    layer: int
+    imitation: torch.nn.Module | None = None
+    imitation_name: str | None = None
+
+
 def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[int], seqs: Sequence[int],
             gammas: Sequence[int], timer: Timer, target_revision: str | None = None,
-            draft_revision: str | None = None, heads: dict | None = None) -> LatencyResult:
-    """The grid of T_p(1, S, γ), T_q(B, S, 1) (when there is a ``draft``) and T_h(S) of each of ``heads``
-    (kind -> loaded head); ``target``/``draft`` are the loaded models."""
+            draft_revision: str | None = None, heads: dict | None = None, ssd: SsdTiming | None = None) -> LatencyResult:
+    """The grid of T_p(1, S, γ), T_q(B, S, 1) (when there is a ``draft``), T_h(S) of each of ``heads``
+    (kind -> loaded head) and T_s(S) of ``ssd`` (with and without its imitation network; when it has none, the
+    one measurement is ``ssd``'s and ``ssd:plain``'s alike); ``target``/``draft`` are the loaded models."""
     target_ms = {f"{s},{g}": step_latency_ms(target, 1, s, g, timer) for s in seqs for g in gammas}
     draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs} if draft else {}
     lm_head = target.get_output_embeddings()
     head_ms = {kind: {str(s): head_step_latency_ms(head, lm_head, s, timer) for s in seqs}
                for kind, head in (heads or {}).items()}
+    ssd_ms, ssd_setting = {}, None
+    if ssd is not None:
+        from mmspec_cli.choices import SSD_PLAIN
+
+        ssd_ms[SSD_PLAIN] = {str(s): ssd_step_latency_ms(target, ssd.layer, s, timer) for s in seqs}
+        ssd_ms["ssd"] = ssd_ms[SSD_PLAIN] if ssd.imitation is None else {
+            str(s): ssd_step_latency_ms(target, ssd.layer, s, timer, ssd.imitation) for s in seqs}
+        named = ssd.imitation_name if ssd.imitation is not None else None
+        ssd_setting = {"layer": ssd.layer, "imitation": named,
+                       "imitation_weights": weights_fingerprint(named) if named else None}
     return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
-                         target_revision, draft_revision, head_ms)
+                         target_revision, draft_revision, head_ms, ssd_ms, ssd_setting)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,12 @@ LAST line. ``--resume`` drops that line and the error records (failed samples ar
 rewriting the file atomically (temp file + ``os.replace``) before appending. A write that fails
 (disk full) is cut off again where it began, and the run stops with :class:`ResultsWriteError`.
 
+A run that fails before it writes any record (a manifest refused after the file was opened, a model that
+can't load, every write failing, a Ctrl-C before the first turn ends) removes the file again if it created it,
+so a failed run leaves nothing behind that wasn't there. A file that existed before the run (even an empty one)
+is left as it was, and a run that ends normally keeps its file even with no record in it (a shard with no
+samples), so ``--summarize`` finds every shard's file.
+
 Only one process may write a results file at a time: two would both run the turns neither had
 recorded yet and write them twice. The writer holds an exclusive ``flock`` on a lock file next to
 it, ``FILE.lock``, for the whole run; the file holds the writer's PID, so a second writer is
@@ -138,11 +144,15 @@ class ResultsWriteError(InputError):
 class ResultsFile:
     """Appends records to ``path`` (or keeps them in memory when ``path`` is None), holding its lock."""
 
-    def __init__(self, path: Path | None, records: list[Record], fd: int | None, lock: "OutLock | None" = None):
+    def __init__(self, path: Path | None, records: list[Record], fd: int | None, lock: "OutLock | None" = None,
+                 created: bool = False):
         self.path = path
         self.records = records  # everything in the file: resumed records, then this run's
         self._fd = fd  # unbuffered, O_APPEND: nothing is left in a buffer to fail again at close
         self._lock = lock
+        self.created = created  # this run made the file (it did not exist before)
+        self.written = 0  # records this run wrote
+        self.removed = False  # the run failed before writing any record, and the file it made was removed
 
     @classmethod
     def open(cls, path: str | Path | None, resume: bool, settings: dict[str, Any]) -> "ResultsFile":
@@ -160,15 +170,12 @@ class ResultsFile:
                     raise InputError(f"--out {path} already exists; pass --resume to continue it, "
                                      f"or choose another file")
                 records = _prepare_resume(path, settings)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise _unwritable(path, exc) from None
+            fd, created = _open_append(path)
         except BaseException:
             if lock is not None:
                 lock.release()
             raise
-        return cls(path, records, fd, lock)
+        return cls(path, records, fd, lock, created)
 
     def done(self) -> set[tuple[str, int, str]]:
         return {key(r) for r in self.records if "error" not in r}
@@ -191,6 +198,7 @@ class ResultsFile:
             except OSError as exc:
                 self._cut(start)
                 raise self._write_error(exc) from None
+            self.written += 1
         self.records.append(record)
 
     def _append(self, data: bytes) -> None:
@@ -215,7 +223,11 @@ class ResultsFile:
         return ResultsWriteError(f"--out {self.path} could not be written ({exc.strerror or type(exc).__name__}), "
                                  f"so {saved}; once it can be written, run the same command with --resume to continue")
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the file and release its lock; ``failed``: the run stopped with an error (or a Ctrl-C), so a file
+        it created and wrote no record to is removed (under the lock, before the lock is let go)."""
+        if failed and self.created and self.written == 0 and self._fd is not None:
+            self._remove_if_empty()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -223,11 +235,19 @@ class ResultsFile:
             self._lock.release()
             self._lock = None
 
+    def _remove_if_empty(self) -> None:
+        try:
+            if os.fstat(self._fd).st_size == 0 and os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                os.unlink(self.path)
+                self.removed = True
+        except OSError:
+            pass  # gone or not removable: nothing more to do
+
     def __enter__(self) -> "ResultsFile":
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _sync(fd: int) -> None:
@@ -237,6 +257,18 @@ def _sync(fd: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
+
+
+def _open_append(path: Path) -> tuple[int, bool]:
+    """An unbuffered append descriptor of ``path``, and whether this call created the file."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        try:
+            return os.open(path, flags | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            return os.open(path, flags, 0o644), False
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
 
 
 def _unwritable(path: Path, exc: OSError) -> InputError:

@@ -15,7 +15,7 @@ from mmspec_cli.bench.summary import RANKED, Row, Summary, ranks
 FORMATS = ("table", "json", "csv")
 BEST, SECOND = "bold", "underline"
 CSV_COLUMNS = ("category", "drafter", "samples", "block_efficiency", "block_efficiency_std", "acceptance_rate",
-               "tokens_per_s", "speedup", "expected_speedup", "failed")
+               "tokens_per_s", "speedup", "expected_speedup", "failed", "latency_ratio")
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
@@ -68,6 +68,15 @@ def failure_line(summary: Summary) -> str | None:
         return None
     first_id, drafter, message = summary.errors[0]
     return f"{counted(summary.failed, '(sample, drafter) pair')} failed; first: {first_id} {drafter}: {message}"
+
+
+def ratio_line(summary: Summary) -> str | None:
+    """Which latency ratio c each drafter's Eq. (1) used: its own draft step over one verification."""
+    if not summary.latency:
+        return None
+    parts = [f"{d} {v['c']:.3f} ({v['step']})" if v.get("step") else f"{d} {v['c']:.3f}"
+             for d, v in summary.latency.items()]
+    return "Eq. (1) latency ratio c = draft step / verification, per drafter: " + "; ".join(parts)
 
 
 def as_json(summary: Summary) -> str:

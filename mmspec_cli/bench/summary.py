@@ -12,7 +12,9 @@ Per category x drafter (and an ``all`` row per drafter):
 - **speedup**: measured walltime speedup over ``ar`` = AR seconds per token / the drafter's
   seconds per token, both over the (sample, turn) pairs that both ran (None without ``ar``).
 - **expected speedup**: TABED Eq. (1), τ / (γ·c + 1), with the mean block efficiency τ, the
-  records' γ and the latency ratio c of the drafter when one is given (a cached measurement).
+  records' γ and the latency ratio c of the drafter when one is given (a cached measurement of
+  the drafter's own draft step: ``latency_ratio`` in the row, and which step it was in
+  :attr:`Summary.latency`).
 
 A (sample, drafter) pair with an error record is left out of its drafter's numbers and
 counted under ``failed``. At temperature 0, every drafter's token ids must equal ``ar``'s for
@@ -46,6 +48,7 @@ class Row:
     speedup: float | None
     expected_speedup: float | None
     failed: int = 0
+    latency_ratio: float | None = None  # the c of Eq. (1) (None: no Eq. (1) for this drafter)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Summary:
     check: TokenCheck
     failed: int
     errors: list[tuple[str, str, str]] = field(default_factory=list)  # (id, drafter, message)
+    latency: dict[str, dict[str, Any]] = field(default_factory=dict)  # drafter -> {"c": ratio, "step": which step}
 
     @property
     def ok(self) -> bool:
@@ -71,7 +75,8 @@ class Summary:
         check = asdict(self.check)
         check["mismatches"] = [{"id": i, "turn": t, "drafter": d} for i, t, d in self.check.mismatches]
         return {"rows": [asdict(r) for r in self.rows], "token_check": check, "failed": self.failed,
-                "errors": [{"id": i, "drafter": d, "error": e} for i, d, e in self.errors]}
+                "errors": [{"id": i, "drafter": d, "error": e} for i, d, e in self.errors],
+                "latency_ratios": self.latency}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -125,7 +130,8 @@ def group_row(category: str, drafter: str, turns: Sequence[Record], baseline: Se
     return Row(category=category, drafter=drafter, samples=len(by_sample), block_efficiency=tau,
                block_efficiency_std=tau_std, acceptance_rate=accepted / drafted if drafted else None,
                tokens_per_s=tokens_per_s, speedup=measured_speedup(baseline, turns),
-               expected_speedup=eq1(tau, turns, latency_ratio), failed=failed)
+               expected_speedup=eq1(tau, turns, latency_ratio), failed=failed,
+               latency_ratio=latency_ratio if turns else None)
 
 
 def measured_speedup(baseline: Sequence[Record], turns: Sequence[Record]) -> float | None:
@@ -160,8 +166,11 @@ def token_check(records: Iterable[Record], baseline: str = BASELINE) -> TokenChe
     return TokenCheck(True, "", compared=len(pairs), mismatches=mismatches)
 
 
-def summarize(records: Iterable[Record], latency_ratios: Mapping[str, float] | None = None) -> Summary:
-    """The whole summary: rows per category x drafter plus ``all`` rows, the token check, failures."""
+def summarize(records: Iterable[Record], latency_ratios: Mapping[str, float] | None = None,
+              latency_steps: Mapping[str, str] | None = None) -> Summary:
+    """The whole summary: rows per category x drafter plus ``all`` rows, the token check, failures.
+
+    ``latency_ratios``: c of Eq. (1) per drafter; ``latency_steps``: which draft step each c measured (words)."""
     records = list(records)
     turns, errors = split_records(records)
     ratios = latency_ratios or {}
@@ -177,8 +186,10 @@ def summarize(records: Iterable[Record], latency_ratios: Mapping[str, float] | N
             failed = sum(1 for c, d, _ in failed_pairs if d == drafter and (category == ALL or c == category))
             if mine or failed:
                 rows.append(group_row(category, drafter, mine, baseline, ratios.get(drafter), failed))
+    steps = latency_steps or {}
+    latency = {d: {"c": ratios[d], "step": steps.get(d)} for d in drafters if d in ratios}
     return Summary(rows=rows, check=token_check(records), failed=len({(i, d) for _, d, i in failed_pairs}),
-                   errors=[(r["id"], r["drafter"], r["error"]) for r in errors])
+                   errors=[(r["id"], r["drafter"], r["error"]) for r in errors], latency=latency)
 
 
 # --------------------------------------------------------------------------- ranking (best bold, second underlined)

@@ -54,6 +54,7 @@ def bench(
     """Benchmark drafters on many samples: block efficiency, acceptance, speed, per category.
 
     Each finished turn is appended to --out at once: a killed run loses nothing finished, and --resume continues it.
+    A run that fails before its first record removes the --out file it created (a file that was there is kept).
 
     At temperature 0 every drafter's token ids are checked against ar's. Exit 1 if a sample failed or a check did.
     """
@@ -213,6 +214,9 @@ def interrupted_line(results, again: str) -> str:
 
     if results.path is None:
         return "interrupted: no --out was given, so no records were saved; pass --out FILE to keep them"
+    if results.removed:  # no turn had finished: the file this run made was removed again (bench/records.py)
+        return (f"interrupted: no record was saved, so {results.path}, which this run created, was removed; "
+                f"to start again, run: {again}")
     n = results.saved()
     return (f"interrupted: {counted(n, 'record')} {'is' if n == 1 else 'are'} saved in {results.path}; "
             f"to continue, run: {again}")
@@ -223,7 +227,7 @@ def _load(profile: Profile, names: list[str]):
     from mmspec_cli.bench.peers import PEERS
     from mmspec_cli.models.loading import check_compatible, load_model
 
-    models = ModelSet.load(profile, [n for n in names if n not in PEERS])
+    models = ModelSet.load(profile, [n for n in names if n not in PEERS], threads=None)  # threads: chosen in _run
     if any(n in PEERS for n in names) and models.draft is None:
         models.draft = load_model(profile.draft, "draft")
         check_compatible(models.target, models.draft)
@@ -239,17 +243,21 @@ def _summarize_files(paths: list[str], profile: Profile, label: str, fmt: str) -
     return _report(read_records(paths), profile, fmt, label)
 
 
-def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[dict[str, float], str | None]:
-    """c per drafter from the latency cache of this device and the profile's model pair, and why Eq. (1) is
-    missing where it is (one line, or None).
+def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[dict[str, float], dict[str, str], str | None]:
+    """c per drafter from the latency cache of this device and the profile's model pair, which step each c is
+    (drafter -> a few words), and why Eq. (1) is missing where it is (one line, or None).
 
     A drafter gets c only when every one of its records was made with the profile's target and draft (records
     name them): another pair's ratio would make Eq. (1) wrong, and without ``--profile`` the profile is the
-    default one, which need not be the pair the records were made with. Each drafter's c is looked up at its
-    records' γ and batch rows (its ensemble members)."""
+    default one, which need not be the pair the records were made with. Each drafter's c is its own draft step
+    over one verification: a head's T_h, ssd's T_s (``ssd`` and ``ssd:plain`` never run the draft model; their
+    step must have been timed at the records' ``ssd.layer``, and for ``ssd`` with their imitation network), the
+    draft model's T_q at the records' batch rows (their ensemble members) for the others; each at the records'
+    γ and mean prompt length. The cache is looked up under the CPU thread count the records were made with
+    (records carry it), not this process's."""
     turns = [r for r in records if "error" not in r and r["drafter"] != "ar"]
     if not turns:
-        return {}, None  # nothing Eq. (1) applies to
+        return {}, {}, None  # nothing Eq. (1) applies to
     pair = (profile.target.model, profile.draft.model if profile.draft else None)
     by_drafter: dict[str, list[dict]] = {}
     for record in turns:
@@ -257,35 +265,103 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     ours = {name: rs for name, rs in by_drafter.items() if all((r.get("target"), r.get("draft")) == pair for r in rs)}
     if not ours:
         other = next(r for r in turns if (r.get("target"), r.get("draft")) != pair)
-        return {}, (f"Eq. (1) not shown: the records were made with target {_short(other.get('target'))} and draft "
-                    f"{_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
-    if profile.draft is None and not profile.head:
-        return {}, f"Eq. (1) not shown: profile {label} has no draft model to measure a latency ratio with"
+        return {}, {}, (f"Eq. (1) not shown: the records were made with target {_short(other.get('target'))} and "
+                        f"draft {_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
+    if profile.draft is None and not profile.head and profile.ssd.layer is None:
+        return {}, {}, f"Eq. (1) not shown: profile {label} has no draft step to measure a latency ratio with"
     from mmspec_cli.bench import latency
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.cli.profile_latency import NO_DRAFT
     from mmspec_cli.models.loading import resolve_device
 
-    device = latency.device_name(resolve_device(profile.target.device))
-    measured = latency.load(device, profile.target.model, profile.draft.model if profile.draft else NO_DRAFT,
-                            profile.target.revision, profile.draft.revision if profile.draft else None)
-    if measured is None:
-        return {}, (f"Eq. (1) not shown: no latency ratio is cached for this device ({device}) and profile "
-                    f"{label}'s models; run `mmspec profile-latency --profile {label}`")
-    # each drafter's own draft step: a head's (T_h) or the draft model's with its rows (T_q); None if not measured
-    timed = {name: rs for name, rs in ours.items() if name in measured.head_ms or
-             (measured.draft_ms and name not in HEAD_KINDS)}
-    ratios = {name: measured.ratio(batch=len(rs[0].get("members") or ()) or 1, seq=mean_prompt_tokens(rs),
-                                   gamma=rs[0].get("gamma") or profile.decoding.gamma,
-                                   head=name if name in HEAD_KINDS else None) for name, rs in timed.items()}
+    device = resolve_device(profile.target.device)
+    cached: dict[int | None, latency.LatencyResult | None] = {}
+
+    def measured_with(threads: int | None) -> "latency.LatencyResult | None":
+        if threads not in cached:
+            cached[threads] = latency.load(latency.device_name(device, threads), profile.target.model,
+                                           profile.draft.model if profile.draft else NO_DRAFT,
+                                           profile.target.revision, profile.draft.revision if profile.draft else None)
+        return cached[threads]
+
+    counts = {name: sorted({r.get("threads") for r in rs}, key=str) for name, rs in ours.items()}
+    mixed = [name for name, found in counts.items() if len(found) > 1]
+    found = {name: measured_with(counts[name][0]) for name in ours if name not in mixed}
+    every = {count for found_counts in counts.values() for count in found_counts}
+    threads = next(iter(every)) if len(every) == 1 else None  # for the command a note gives
+    command = f"mmspec profile-latency --profile {label}{f' --threads {threads}' if threads else ''}"
+    if found and not any(found.values()):
+        return {}, {}, (f"Eq. (1) not shown: no latency ratio is cached for this device "
+                        f"({latency.device_name(device, threads)}) and profile {label}'s models; run `{command}`")
+    ratios, steps, untimed, layers = {}, {}, [], set()
+    for name, measured in found.items():
+        rs = ours[name]
+        step = _own_step(name, rs, measured, profile) if measured is not None else None
+        if step is None:
+            untimed.append(_untimed_name(name, rs, profile))
+            if name in ("ssd", SSD_PLAIN):
+                layers.add(_ssd_setting(rs, profile)[0])
+            continue
+        kwargs, steps[name] = step
+        ratios[name] = measured.ratio(seq=mean_prompt_tokens(rs), gamma=rs[0].get("gamma") or profile.decoding.gamma,
+                                      **kwargs)
     others = [name for name in by_drafter if name not in ours]
-    untimed = [name for name in ours if name not in timed]
     notes = ([f"Eq. (1) not shown for {', '.join(others)}: some of their records were made with other models than "
               f"profile {label}'s; summarise those with their own --profile"] if others else []) + \
+            ([f"Eq. (1) not shown for {', '.join(mixed)}: their records were made with different CPU thread counts, "
+              f"each with its own latencies; summarise the files of one count at a time"] if mixed else []) + \
             ([f"Eq. (1) not shown for {', '.join(untimed)}: the cached latencies have no draft step of theirs; run "
-              f"`mmspec profile-latency --profile {label}`"] if untimed else [])
+              f"`{command}{_layer_flag(layers, profile)}`"] if untimed else [])
     note = "; ".join(notes) or None
-    return ratios, note
+    return ratios, steps, note
+
+
+def _layer_flag(layers: set, profile: Profile) -> str:
+    """``--ssd-layer N`` for the profile-latency command a note gives, when the ssd records' layer is not the
+    profile's (``bench --ssd-layer``)."""
+    layers = {layer for layer in layers if layer is not None}
+    if len(layers) == 1 and layers != {profile.ssd.layer}:
+        return f" --ssd-layer {layers.pop()}"
+    return ""
+
+
+def _ssd_setting(records: list[dict], profile: Profile) -> tuple[int | None, str | None]:
+    """The ``ssd.layer`` and imitation network ``records`` of ssd were made with (their drafting settings carry
+    them), else the profile's."""
+    try:
+        ssd = json.loads(records[0].get("ensemble") or "{}").get("ssd")
+    except (json.JSONDecodeError, AttributeError):
+        ssd = None
+    if not isinstance(ssd, dict):
+        return profile.ssd.layer, profile.ssd.imitation
+    return ssd.get("layer"), ssd.get("imitation")
+
+
+def _own_step(name: str, records: list[dict], measured, profile: Profile) -> tuple[dict, str] | None:
+    """How to look drafter ``name``'s own draft step up in ``measured`` (keywords of ``LatencyResult.ratio``) and how
+    the summary names it; None when it was not timed."""
+    if name in HEAD_KINDS:
+        return ({"head": name}, f"{name} head step T_h") if name in measured.head_ms else None
+    if name in ("ssd", SSD_PLAIN):
+        layer, imitation = _ssd_setting(records, profile)
+        if not measured.times_ssd(name, layer, imitation):
+            return None
+        through = " + imitation network" if name == "ssd" and imitation else ""
+        layers = f"{layer} layer" if layer == 1 else f"{layer} layers"
+        return {"ssd": name}, f"ssd's own step T_s: the target's first {layers}{through}"
+    if not measured.draft_ms:
+        return None
+    batch = len(records[0].get("members") or ()) or 1
+    return {"batch": batch}, f"draft model step T_q, B={batch}"
+
+
+def _untimed_name(name: str, records: list[dict], profile: Profile) -> str:
+    """``name`` as the note on missing latencies lists it: an ssd drafter with the layer its records used."""
+    if name not in ("ssd", SSD_PLAIN):
+        return name
+    layer, imitation = _ssd_setting(records, profile)
+    through = f" and imitation network {_short(imitation, 40)}" if name == "ssd" and imitation else ""
+    return f"{name} (at ssd.layer {layer}{through})"
 
 
 def _short(text: object, limit: int = 60) -> str:
@@ -300,9 +376,9 @@ def _report(records: list[dict], profile: Profile, fmt: str, label: str) -> int:
     from mmspec_cli.bench import report
     from mmspec_cli.bench.summary import summarize
 
-    ratios, eq1_note = latency_ratios(profile, records, label)
-    summary = summarize(records, ratios)
-    lines = [report.check_line(summary), report.failure_line(summary), eq1_note]
+    ratios, steps, eq1_note = latency_ratios(profile, records, label)
+    summary = summarize(records, ratios, steps)
+    lines = [report.check_line(summary), report.failure_line(summary), report.ratio_line(summary), eq1_note]
     if fmt == "json":
         typer.echo(report.as_json(summary))
     elif fmt == "csv":

@@ -103,7 +103,7 @@ def _run(profile: Profile, pictures: list, questions: list[str], names: list[str
 
     from mmspec_cli.models.threads import apply_threads
 
-    models = ModelSet.load(profile, names)
+    models = ModelSet.load(profile, names, threads=None)  # threads: the CLI's choice, made below
     apply_threads(threads, models.target.model)
     status = Console(stderr=True)
     generations = {}

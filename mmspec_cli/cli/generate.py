@@ -50,7 +50,7 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
 
     from mmspec_cli.models.threads import apply_threads
 
-    decoder = decoder_from_profile(profile)
+    decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
     choice = apply_threads(threads, decoder.target.model)
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt)

@@ -1,8 +1,10 @@
 """``mmspec profile-latency``: how long target verification and draft steps take on this machine.
 
-Measures T_p(1, S, γ) and T_q(B, S, 1) (TABED App. G), checks Remarks 1-3, prints the
-latency ratio c and the expected speedup of Eq. (1) for γ = 1..7, and caches the result
-for ``bench``.
+Measures T_p(1, S, γ) and T_q(B, S, 1) (TABED App. G), T_h(S) of each draft head and T_s(S) of
+``ssd`` when the profile sets ``ssd.layer``, checks Remarks 1-3, prints each drafter's latency
+ratio c and the expected speedup of Eq. (1) for γ = 1..7, and caches the result for ``bench``.
+Each drafter's Eq. (1) uses its own draft step: a head's T_h, ssd's T_s (``ssd`` never runs the
+draft model), the draft model's T_q for the others.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.errors import shorten
-from mmspec_cli.cli.options import ProfileName, Threads, check_threads, check_writable
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, check_writable, flag_type
+from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.profiles import load_profile
+from mmspec_cli.models.profiles import apply_overrides, load_profile
 
 GAMMAS_FOR_EQ1 = range(1, 8)
 NO_DRAFT = "none"  # the draft name of a profile that has only draft heads (cache key and display)
 DEFAULT_GAMMAS = "1,3,5,7"
+SsdLayer = flag_type("ssd_layer", "ssd: time the step of the target's first N decoder layers (default: the "
+                                  "profile's ssd.layer).")
 
 
 def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
@@ -67,9 +72,10 @@ def profile_latency(
     plot: Annotated[Path | None, typer.Option(metavar="FILE.png", help=(
         "Draw the latency curves, in any format matplotlib writes (needs matplotlib)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    ssd_layer: SsdLayer = None,
     threads: Threads = None,
 ) -> None:
-    """Measure T_p and T_q, check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench.
+    """Measure T_p and T_q (and T_h per draft head, T_s for ssd), check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench.
 
     Flags, profile and --plot path are checked before any model is loaded.
 
@@ -83,9 +89,10 @@ def profile_latency(
     if tau is not None and tau < 1:
         raise InputError(f"--tau: expected a block efficiency >= 1, got {tau}")
     taus = tau_from_results(results) if results is not None else ({"--tau": tau} if tau is not None else {})
-    chosen = load_profile(profile)
-    if chosen.draft is None and not chosen.head:
-        raise InputError("profile-latency times the draft too; add a `draft:` (or a draft `head:`) section to the profile")
+    chosen = apply_overrides(load_profile(profile), ssd_layer=ssd_layer)
+    if chosen.draft is None and not chosen.head and chosen.ssd.layer is None:
+        raise InputError("profile-latency times a draft step too; add a `draft:` section, a draft `head:` or "
+                         "`ssd: {layer: N}` to the profile")
     if plot is not None:
         _check_plot(plot)
     _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json, check_threads(threads))
@@ -143,6 +150,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     for spec in profile.head:
         head = load_head(spec.model, spec.kind, spec.num_q, target, spec.revision)
         heads[head.kind] = head
+    ssd = _ssd_timing(profile, target)
     from mmspec_cli.models.threads import apply_threads, busy_warning
 
     choice = apply_threads(threads, target.model)
@@ -152,7 +160,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
     result = latency.measure(target.model, draft and draft.model, profile.target.model,
                              profile.draft.model if draft else NO_DRAFT, batches, seqs, gammas, timer,
-                             profile.target.revision, profile.draft.revision if draft else None, heads)
+                             profile.target.revision, profile.draft.revision if draft else None, heads, ssd)
     try:
         path, unsaved = latency.save(result), None
     except OSError as exc:  # $MMSPEC_CACHE read-only, a file, on a full disk...
@@ -160,22 +168,51 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     remarks = latency.check_remarks(result)
     ratios = {g: result.ratio(batch=batches[0], seq=seqs[0], gamma=g) for g in GAMMAS_FOR_EQ1} if draft else {}
     head_ratios = {kind: {g: result.ratio(seq=seqs[0], gamma=g, head=kind) for g in GAMMAS_FOR_EQ1} for kind in heads}
-    speedups = {name: {g: expected_speedup(t, g, head_ratios.get(name, ratios)[g]) for g in GAMMAS_FOR_EQ1}
-                for name, t in taus.items() if name in head_ratios or ratios}
+    ssd_ratios = {name: {g: result.ratio(seq=seqs[0], gamma=g, ssd=name) for g in GAMMAS_FOR_EQ1}
+                  for name in result.ssd_ms}
+    own = {name: own_ratios(name, ratios, head_ratios, ssd_ratios) for name in taus}
+    speedups = {name: {g: expected_speedup(t, g, own[name][g]) for g in GAMMAS_FOR_EQ1}
+                for name, t in taus.items() if own[name]}
     if as_json:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
                                "head_ms": result.head_ms, "head_latency_ratio": head_ratios,
+                               "ssd_ms": result.ssd_ms, "ssd": result.ssd, "ssd_latency_ratio": ssd_ratios,
                                "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
                                "expected_speedup": speedups, "tau": taus, "cache": path and str(path),
                                "threads": choice.as_dict()}))
     else:
-        _print_tables(result, remarks, ratios, head_ratios, speedups, taus, batches[0], seqs[0], path)
+        _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, taus, batches[0], seqs[0], path)
     if plot is not None:
         _plot(result, plot)
     if unsaved is not None:
         raise InputError(f"the results above could not be cached for bench in {shorten(str(latency.cache_dir()))} "
                          f"({unsaved.strerror or unsaved}); set MMSPEC_CACHE to a writable folder and run again")
+
+
+def own_ratios(name: str, ratios: dict, head_ratios: dict, ssd_ratios: dict) -> dict | None:
+    """The latency ratios (γ -> c) of drafter ``name``'s own draft step: a head's T_h, ssd's T_s (``ssd`` and
+    ``ssd:plain`` never run the draft model), the draft model's T_q for every other name (and ``--tau``);
+    None when that step was not timed, so no Eq. (1) is shown rather than one with another drafter's ratio."""
+    if name in HEAD_KINDS:
+        return head_ratios.get(name)
+    if name in ("ssd", SSD_PLAIN):
+        return ssd_ratios.get(name)
+    return ratios or None
+
+
+def _ssd_timing(profile, target):
+    """What to time for ``ssd``: the profile's ``ssd.layer`` (checked against the target) and its imitation network;
+    None when the profile sets no layer."""
+    if profile.ssd.layer is None:
+        return None
+    from mmspec_cli.bench.latency import SsdTiming
+    from mmspec_cli.drafters.ssd import check_layer, layer_count
+    from mmspec_cli.models.imitation import load_imitation
+
+    layer = check_layer(profile.ssd.layer, layer_count(target.model))
+    imitation = load_imitation(profile.ssd.imitation, layer, target) if profile.ssd.imitation else None
+    return SsdTiming(layer, imitation, profile.ssd.imitation)
 
 
 def _check_lengths(models, needed: int) -> None:
@@ -186,7 +223,7 @@ def _check_lengths(models, needed: int) -> None:
                              f"but S + γ = {needed}; pass smaller --seq values")
 
 
-def _print_tables(result, remarks, ratios, head_ratios, speedups, taus, batch, seq, path) -> None:
+def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, taus, batch, seq, path) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -203,26 +240,49 @@ def _print_tables(result, remarks, ratios, head_ratios, speedups, taus, batch, s
     if result.head_ms:
         console.print(_grid("T_h(S) ms: one draft-head step (its decoder layer + the target's LM head)", result.seqs,
                             {kind: (lambda s, k=kind: result.head_ms[k][str(s)]) for kind in result.head_ms}))
+    shown_ssd = _distinct_ssd(result)
+    if shown_ssd:
+        layer = result.ssd["layer"]
+        console.print(_grid(f"T_s(S) ms: one ssd step (the target's first {_layers(layer)} + final norm + LM head, "
+                            f"over its own cache)", result.seqs,
+                            {name: (lambda s, n=name: result.ssd_ms[n][str(s)]) for name in shown_ssd}))
     for r in remarks:
         verdict = "[green]holds[/]" if r.holds else "[red]does not hold[/]"
         console.print(f"Remark {r.remark} ({r.statement}): worst |ΔT/T| = {r.worst:.1%} -> {verdict} here")
-    what = f"T_q(B={batch}, S={seq}, 1)" if ratios else f"T_h(S={seq})"
-    eq1 = Table(title=f"Latency ratio c = {what} / T_p(1, S={seq}, γ) and Eq. (1) τ/(γc+1)")
+    steps = ([f"c: T_q(B={batch}, S={seq}, 1)"] if ratios else []) + \
+        ([f"c <kind> head: T_h(S={seq})"] if head_ratios else []) + ([f"c ssd: T_s(S={seq})"] if shown_ssd else [])
+    eq1 = Table(title=f"Latency ratio c = one draft step / T_p(1, S={seq}, γ) ({'; '.join(steps)}) "
+                      f"and Eq. (1) τ/(γc+1)")
     eq1.add_column("γ", justify="right")
     if ratios:
         eq1.add_column("c", justify="right")
     for kind in head_ratios:
         eq1.add_column(f"c {kind} head", justify="right")
+    for name in shown_ssd:
+        eq1.add_column(f"c {name}", justify="right")
     for name in speedups:
         eq1.add_column(f"speedup {name} (τ={taus[name]:.2f})", justify="right")
     for g in GAMMAS_FOR_EQ1:
-        cells = ([f"{ratios[g]:.3f}"] if ratios else []) + [f"{head_ratios[k][g]:.3f}" for k in head_ratios]
+        cells = ([f"{ratios[g]:.3f}"] if ratios else []) + [f"{head_ratios[k][g]:.3f}" for k in head_ratios] + \
+            [f"{ssd_ratios[n][g]:.3f}" for n in shown_ssd]
         eq1.add_row(str(g), *cells, *(f"{speedups[name][g]:.2f}x" for name in speedups))
     console.print(eq1)
     if not taus:
         console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
     if path is not None:
         console.print(f"saved to {path} (bench reads it for Eq. (1))", style="dim")
+
+
+def _layers(n: int) -> str:
+    return f"{n} layer" if n == 1 else f"{n} layers"
+
+
+def _distinct_ssd(result) -> list[str]:
+    """The ssd steps to show: ``ssd`` and, when it drafts through an imitation network, ``ssd:plain`` beside it
+    (without one, both are the same step, measured once)."""
+    if not result.ssd_ms:
+        return []
+    return ["ssd", SSD_PLAIN] if (result.ssd or {}).get("imitation") else ["ssd"]
 
 
 def _grid(title: str, seqs, columns: dict):
@@ -251,8 +311,10 @@ def _plot(result, path: Path) -> None:
         right.plot(result.seqs, [result.t_q(b, s) for s in result.seqs], marker="o", label=f"B={b}")
     for kind, times in result.head_ms.items():
         right.plot(result.seqs, [times[str(s)] for s in result.seqs], marker="s", label=f"{kind} head")
+    for name in _distinct_ssd(result):
+        right.plot(result.seqs, [result.ssd_ms[name][str(s)] for s in result.seqs], marker="^", label=name)
     left.set(title="target verification T_p(1, S, γ)", xlabel="S (tokens)", ylabel="ms")
-    right.set(title="draft step T_q(B, S, 1), head step T_h(S)", xlabel="S (tokens)", ylabel="ms")
+    right.set(title="draft step T_q(B, S, 1), head step T_h(S), ssd step T_s(S)", xlabel="S (tokens)", ylabel="ms")
     left.legend()
     right.legend()
     fig.suptitle(result.device)

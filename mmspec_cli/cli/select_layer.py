@@ -122,7 +122,8 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
     from mmspec_cli.models.imitation import load_imitation, trained_layer
 
     unset = dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=None, imitation=None))
-    models = ModelSet.load(unset, ["ar"])  # this chooses ssd.layer: the profile's own (maybe stale) is not checked
+    # this chooses ssd.layer: the profile's own (maybe stale) is not checked; threads: the CLI's choice, made below
+    models = ModelSet.load(unset, ["ar"], threads=None)
     from mmspec_cli.models.threads import apply_threads
 
     choice = apply_threads(threads, models.target.model)

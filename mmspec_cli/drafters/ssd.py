@@ -104,6 +104,14 @@ def shared_layers(cache: Cache, layers: int) -> Cache:
     return Cache(layers=list(cache.layers[:layers]))
 
 
+def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, cache: Cache, ids: torch.Tensor,
+                      **tree: Any) -> torch.Tensor:
+    """Logits (n, V) of ``ids`` (1, n) fed after ``cache`` through an :func:`early_exit_decoder` and the target's LM
+    ``head`` (``tree``: a tree's mask and positions): one draft step of ``ssd``, which ``profile-latency`` times."""
+    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # (1, n, H)
+    return head(hidden[0])  # (n, V)
+
+
 class SelfSpeculativeDrafter(TreeDrafting, Drafter):
     """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache; with an
     ``imitation`` network (FastVLM's IN) between that layer and the final norm when one is given."""
@@ -146,8 +154,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
     def _logits(self, cache: Cache, tokens: Sequence[int], **tree) -> torch.Tensor:
         """Logits (n, V) of the early exit for ``tokens`` fed after ``cache`` (``tree``: mask and positions)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.runner.device)  # (1, n)
-        hidden = self.decoder(input_ids=ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # (1, n, H)
-        return self.head(hidden[0])  # (n, V)
+        return early_exit_logits(self.decoder, self.head, cache, ids, **tree)  # (n, V)
 
     @torch.inference_mode()
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -28,7 +29,7 @@ import yaml
 
 from mmspec_cli.choices import (DTYPES, HEAD_KINDS, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
                                 QUANTIZATIONS, SCHEDULES, TREE_KINDS)
-from mmspec_cli.errors import ProfileError
+from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.prompts import shorten
 
 #: Profile used when ``--profile`` is not given: the shipped demo family (``profiles/demo.yaml``),
@@ -422,13 +423,27 @@ def _available() -> str:
 
 
 def _looks_like_path(value: str) -> bool:
-    """A value is a path if it has a YAML suffix or a separator, or names an existing file."""
+    """A value is a path if it has a YAML suffix or a separator, or names an existing file.
+
+    A regular file is read, and so is a named pipe, once: a FIFO, or the ``/dev/fd/63`` of a shell's process
+    substitution (``--profile <(sed ... demo.yaml)``).
+    """
     separators = {"/", os.sep, os.altsep} - {None}
     return (
         value.lower().endswith(PROFILE_SUFFIXES)
         or any(sep in value for sep in separators)
-        or Path(value).is_file()
+        or _readable_kind(Path(value))
     )
+
+
+def _readable_kind(path: Path) -> bool:
+    """A regular file or a named pipe (a FIFO, or a shell's ``<(...)``); not a folder, and not a device such as
+    ``/dev/zero`` that would never end."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
 
 
 def _resolve(name_or_path: str) -> Path:
@@ -440,9 +455,10 @@ def _resolve(name_or_path: str) -> Path:
                 f"profile file {name_or_path} doesn't exist; pass an existing YAML file or a "
                 f"built-in name ({_available()})"
             )
-        if not path.is_file():
-            raise ProfileError(f"profile {name_or_path} is not a file; pass a YAML file")
-        return path
+        if not _readable_kind(path):
+            what = "not a file but a folder" if path.is_dir() else "not a file or a pipe"
+            raise ProfileError(f"profile {name_or_path} is {what}; pass a YAML file")
+        return path  # a file, or a pipe: `--profile <(...)` (/dev/fd/63) is read like a file
     for suffix in PROFILE_SUFFIXES:
         path = builtin_profiles_dir() / f"{name_or_path}{suffix}"
         if path.is_file():
@@ -588,7 +604,8 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     """Return ``profile`` with CLI values applied; ``None`` values (flag not given) are ignored.
 
     Values go through the same checks as the YAML, so errors read
-    ``--gamma: expected an integer between 1 and 64, got 0``.
+    ``--gamma: expected an integer between 1 and 64, got 0``. Dynamic-tree overrides given with a tree that
+    is not dynamic are refused (:func:`_check_dynamic_flags`).
     """
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
@@ -605,7 +622,37 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
     top = changes.pop(None, {})
     for section, values in changes.items():
         top[section] = dataclasses.replace(getattr(profile, section), **values)
-    return dataclasses.replace(profile, **top)
+    changed = dataclasses.replace(profile, **top)
+    _check_dynamic_flags(changed.decoding, [name for name in DYNAMIC_TREE_FLAGS if overrides.get(name) is not None])
+    return changed
+
+
+#: The overrides that shape only a dynamic tree (EAGLE-2): given with any other tree, they would do nothing.
+DYNAMIC_TREE_FLAGS = ("tree_budget", "tree_depth", "tree_topk")
+
+
+def tree_kind(decoding: DecodingSpec) -> str:
+    """The tree a block drafts: ``decoding.tree``, or when unset a width tree for ``tree_width`` > 1, else a chain
+    (``decoding/tree.TreeSettings.resolve`` decides the same way)."""
+    return decoding.tree if decoding.tree is not None else ("width" if decoding.tree_width > 1 else "chain")
+
+
+def _check_dynamic_flags(decoding: DecodingSpec, given: list[str]) -> None:
+    """Refuse ``--tree-budget/--tree-depth/--tree-topk`` (or ``load_decoder(tree_budget=...)``) given with a tree that
+    is not dynamic, as a conflicting ``--tree``/``--tree-width`` pair is refused, instead of ignoring them.
+
+    Only values given as overrides are refused: a profile may hold dynamic-tree settings (``decoding.tree_budget``)
+    and still be run with ``--tree chain``; its settings then wait for ``--tree dynamic``.
+    """
+    if not given:
+        return
+    kind = tree_kind(decoding)
+    if kind == "dynamic":
+        return
+    flags = "/".join(_flag(name) for name in given)
+    drop = "drop it" if len(given) == 1 else "drop them"
+    raise InputError(f"{flags} shape{'s' if len(given) == 1 else ''} dynamic trees only, and this run drafts a "
+                     f"{kind}{' tree' if kind == 'width' else ''}; add --tree dynamic, or {drop}")
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from collections import deque
 from collections.abc import Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
+
+from mmspec_cli.bench.progress import bar_columns
 
 QUIET_S = 30.0
 
@@ -33,9 +35,7 @@ class Phase:
         enabled = sys.stderr.isatty() if enabled is None else enabled
         self._progress: Progress | None = None
         if enabled:
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                      TextColumn("{task.fields[text]}"), console=Console(stderr=True))
+            self._progress = Progress(*bar_columns("{task.fields[text]}"), console=Console(stderr=True))
             self._task = self._progress.add_task(name, total=total, completed=done, text="")
 
     def advance(self, n: int = 1) -> None:
