@@ -40,6 +40,12 @@ MAX_TREE_WIDTH = 8
 #: Token-tree kinds (``--tree``): a plain chain, width-d branches (TABED §6.1), EAGLE-2 dynamic trees.
 TREE_KINDS = ("chain", "width", "dynamic")
 
+
+def tree_kind(tree: str | None, width: int) -> str:
+    """The tree a block drafts: ``tree`` (``decoding.tree``, ``--tree``) when given, else a width tree for a
+    ``width`` (``--tree-width``) above 1 and a chain otherwise, so ``--tree-width d`` alone keeps working."""
+    return tree if tree is not None else ("width" if width > 1 else "chain")
+
 #: Dynamic trees: the most nodes one target forward verifies (``--tree-budget``, the root included).
 MAX_TREE_BUDGET = 512
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from mmspec_cli.choices import MAX_TREE_WIDTH
+from mmspec_cli.choices import MAX_TREE_WIDTH, tree_kind
 from mmspec_cli.decoding.rollback import crop_to, keep_positions
 from mmspec_cli.errors import InputError, ModelLoadError
 
@@ -78,7 +78,7 @@ class TreeSettings:
                 topk: int = 8) -> "TreeSettings":
         """``tree`` None: a width tree when ``width`` > 1, else a chain (``--tree-width`` alone keeps working)."""
         check_tree_width(width)
-        kind = tree if tree is not None else ("width" if width > 1 else "chain")
+        kind = tree_kind(tree, width)
         if kind == "chain" and width > 1:
             raise InputError(f"--tree chain and --tree-width {width} disagree; drop --tree-width, or use --tree width")
         if kind == "width" and width < 2:

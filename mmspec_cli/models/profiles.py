@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from mmspec_cli.choices import (DTYPES, HEAD_KINDS, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
-                                QUANTIZATIONS, SCHEDULES, TREE_KINDS)
+                                QUANTIZATIONS, SCHEDULES, TREE_KINDS, tree_kind)
 from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.prompts import shorten
 
@@ -631,12 +631,6 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
 DYNAMIC_TREE_FLAGS = ("tree_budget", "tree_depth", "tree_topk")
 
 
-def tree_kind(decoding: DecodingSpec) -> str:
-    """The tree a block drafts: ``decoding.tree``, or when unset a width tree for ``tree_width`` > 1, else a chain
-    (``decoding/tree.TreeSettings.resolve`` decides the same way)."""
-    return decoding.tree if decoding.tree is not None else ("width" if decoding.tree_width > 1 else "chain")
-
-
 def _check_dynamic_flags(decoding: DecodingSpec, given: list[str]) -> None:
     """Refuse ``--tree-budget/--tree-depth/--tree-topk`` (or ``load_decoder(tree_budget=...)``) given with a tree that
     is not dynamic, as a conflicting ``--tree``/``--tree-width`` pair is refused, instead of ignoring them.
@@ -646,7 +640,7 @@ def _check_dynamic_flags(decoding: DecodingSpec, given: list[str]) -> None:
     """
     if not given:
         return
-    kind = tree_kind(decoding)
+    kind = tree_kind(decoding.tree, decoding.tree_width)
     if kind == "dynamic":
         return
     flags = "/".join(_flag(name) for name in given)
