@@ -423,6 +423,15 @@ def test_answers_are_reused_only_for_the_same_prompt_and_image_bytes(files, tiny
     assert fixed.error is None and fixed.answer_ids
 
 
+def test_runs_of_two_kinds_share_one_answers_file(files, tmp_path, monkeypatch):
+    shared = tmp_path / "answers" / "shared.jsonl"
+    assert run(files, tmp_path / "eagle", "--answers", str(shared)).exit_code == 0
+    monkeypatch.setattr(answers_mod, "sample_batch", lambda *a, **k: pytest.fail("answered again"))
+    result = run(files, tmp_path / "vispec", "--answers", str(shared), kind="vispec")
+    assert result.exit_code == 0, result.stderr
+    assert not (tmp_path / "eagle.answers.jsonl").exists() and not (tmp_path / "vispec.answers.jsonl").exists()
+
+
 # --------------------------------------------------------------------------- a network used with another target
 
 

@@ -56,6 +56,9 @@ def train_head(
     answer_suffix: Annotated[str | None, typer.Option(metavar="TEXT", help=(
         "Appended to every prompt (default: ViSpec's \"Please answer with at least 1000 words.\"; '' for none)."))] = None,
     answer_tokens: Annotated[int, typer.Option(metavar="N", help="At most N tokens per answer.")] = 1024,
+    answers: Annotated[str | None, typer.Option(metavar="FILE", show_default=False, help=(
+        "The answers file (default: DIR.answers.jsonl): name the same file in runs of several kinds to answer "
+        "once."))] = None,
     ssd_layer: Annotated[int | None, typer.Option(metavar="N", help=(
         "imitation: the exit layer the network follows (ssd.layer of the profiles that will use it)."))] = None,
     threads: Threads = None,
@@ -103,7 +106,8 @@ def train_head(
         limit=limit, seed=seed, batch_size=batch_size, checkpoint_every=checkpoint_every, held_out=held_out,
         loss=loss, ssd_layer=ssd_layer, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
-                                          seed=seed))
+                                          seed=seed),
+        answers_file=None if answers is None else answers_file(answers))
     try:
         report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
     except KeyboardInterrupt as exc:
@@ -119,6 +123,16 @@ def train_head(
     typer.echo(json.dumps(report) if as_json else _summary(report, kind, chosen.target.model, folder))
 
 
+def answers_file(text: str) -> Path:
+    """``--answers FILE``: a file path (not a folder, not empty)."""
+    if not text.strip():
+        raise InputError("--answers is empty; name a JSONL file, or leave it out (DIR.answers.jsonl)")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise InputError(f"--answers {shorten(text)} is a folder; name a JSONL file")
+    return path
+
+
 def _summary(report: dict, kind: str, target: str, folder: Path) -> str:
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     what = f"imitation network after layer {report['layer']}" if kind == IMITATION else f"{kind} head"
@@ -130,8 +144,9 @@ def _summary(report: dict, kind: str, target: str, folder: Path) -> str:
     if final["loss"]:
         lines.append("last steps: " + ", ".join(f"pass {k + 1} loss {l:.3f} top-1 {t:.3f}"
                                                  for k, (l, t) in enumerate(zip(final["loss"], final["top1"]))))
-    if report.get("placeholder_answers"):
-        lines.append(f"{report['placeholder_answers']} answers held the target's image placeholder id (read as "
+    held = report.get("placeholder_answers")
+    if held:
+        lines.append(f"{held} answer{'s' if held != 1 else ''} held the target's image placeholder id (read as "
                      f"ordinary tokens, as the target produced them)")
     acc = report.get("acceptance")
     if acc and acc["after"] is not None:
