@@ -145,7 +145,8 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(files, tiny_dirs, tm
             full_disk_for(monkeypatch, "checkpoint.pt")
         checkpoints.append(step)
 
-    with pytest.raises(writing.WriteFailed, match="the disk is full"):
+    with pytest.raises(writing.WriteFailed, match="the disk is full; the checkpoint of step 2 is kept; free some "
+                                                   "space and run the same command with --resume"):
         train_head(profile, settings(out, files["manifest"]), progress=False, on_step=fill_after_first)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 2
@@ -162,7 +163,8 @@ def test_a_full_disk_for_the_head_keeps_the_checkpoint_and_the_old_head(files, t
     before = digest(out)
     full_disk_for(monkeypatch, "model.safetensors")
     line = one_line(run(files, out, "--lr", "3e-2"), "the disk is full")
-    assert "answers" in line and "kept" in line  # the answers stay, and the line says so
+    assert "training finished and its checkpoint (step 2) is kept" in line and "--resume" in line
+    assert "answers" in line and "are kept and reused" in line  # the answers stay, and the line says so
     after = digest(out)
     assert after.pop("checkpoint.pt") and after == before  # the old head whole, the new training's checkpoint kept
     monkeypatch.undo()

@@ -16,10 +16,11 @@ answers the prompts and measures, the others wait.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from mmspec_cli.models.loading import LoadedModel, load_model, resolve_device
 from mmspec_cli.models.profiles import Profile
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import canonical_name, signature
+from mmspec_cli.models.writing import WriteFailed
 from mmspec_cli.training import acceptance
 from mmspec_cli.training.answers import AnswerFile, AnswerSettings, answers_path, generate_answers
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
@@ -242,8 +244,9 @@ def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] |
     report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
         def write() -> None:
-            save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report},
-                      target_signature=signature(target.model))
+            with finished_training(s.out, config.steps):
+                save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report},
+                          target_signature=signature(target.model))
 
         write()
         if held:
@@ -256,6 +259,17 @@ def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] |
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
     return report
+
+
+@contextlib.contextmanager
+def finished_training(out: Path, steps: int) -> Iterator[None]:
+    """Writing the trained network: a failed write says that training is done and its last checkpoint kept."""
+    try:
+        yield
+    except WriteFailed as exc:
+        raise WriteFailed(exc.path, f"{exc.reason}; training finished and its checkpoint (step {steps}) is kept in "
+                                    f"{shorten(str(out))}: free some space and run the same command with --resume "
+                                    f"to write it") from None
 
 
 def _measure(target: LoadedModel, drafter: Any, held: Sequence[Conversation], max_new: int,
@@ -307,14 +321,16 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
     report.update(layer=layer, final=result.tail(),
                   seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
-        save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
+        with finished_training(s.out, config.steps):
+            save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
         if held:
             network = load_imitation(str(s.out), layer, target)
             after = _measure(target, SelfSpeculativeDrafter(target, layer, network), held, max_new, log,
                              "acceptance through the network")
             report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True, "layer": layer,
                                     "before": result.kept.get("before"), "after": after}
-            save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
+            with finished_training(s.out, config.steps):
+                save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()

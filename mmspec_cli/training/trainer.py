@@ -34,6 +34,7 @@ import torch
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head import DraftHead
 from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.writing import WriteFailed
 from mmspec_cli.training.checkpoint import save_checkpoint
 from mmspec_cli.training.losses import loss_function, lr_factor
 from mmspec_cli.training.passes import HeadObjective
@@ -145,10 +146,16 @@ def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, conf
     def checkpoint(step: int, rng: tuple[torch.Tensor, torch.Tensor], barrier: bool = True) -> None:
         nonlocal saved
         if accelerator.is_main_process:
-            save_checkpoint(out, {**identity, "settings": asdict(config), "step": step,
-                                  "head": head.state_dict(),
-                                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                  "noise_rng": rng[0], "torch_rng": rng[1], "kept": kept})
+            try:
+                save_checkpoint(out, {**identity, "settings": asdict(config), "step": step,
+                                      "head": head.state_dict(),
+                                      "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                      "noise_rng": rng[0], "torch_rng": rng[1], "kept": kept})
+            except WriteFailed as exc:
+                before = (f"the checkpoint of step {saved} is kept" if saved is not None
+                          else "no earlier checkpoint was written")
+                raise WriteFailed(exc.path, f"{exc.reason}; {before}; free some space and run the same command"
+                                            f"{' with --resume' if saved is not None else ''}") from None
         saved = step
         if barrier:
             accelerator.wait_for_everyone()
