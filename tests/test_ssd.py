@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -22,7 +20,7 @@ from tests.conftest import load
 from tests.helpers import save_images, write_profile
 from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
-from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 LAYERS = 4
 
@@ -97,20 +95,19 @@ def test_no_second_model_in_memory(deep):
     assert drafter.decoder.layers[1] is deep.model.get_decoder().layers[1]
 
 
-def test_sampled_pairs_follow_the_target_distribution(tiny_models):
-    target = tiny_models["target"]  # 2 layers: the draft is layer 0 + norm + head
-    joint = exact_joint(target)
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint):
+    """ssd at layer 1 of the 2-layer tiny target (layer 0 + norm + head drafts), chains of γ = 2: ENGINE_RUNS
+    runs against the target's exact distribution (tests/test_engine_sampling.py says how).
+
+    What it can detect (measured when it was written, same seeds): handing the rule the draft's q rows in
+    reverse order gives p ≈ 6e-20; the target's p rows shifted by one, or accepting every draft token, p ≈ 0."""
+    target = tiny_models["target"]
     decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=1), gamma=2, max_new_tokens=3,
                                  sampling=PARAMS)
-    counts: Counter = Counter()
-    accepted = 0
-    for seed in range(RUNS):
-        decoder.seed = seed
-        turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
-        counts[tuple(turn.token_ids[:2])] += 1
-        accepted += turn.stats.accepted
-    assert accepted > 0  # the draft is right sometimes, so the acceptance branch is exercised
-    assert chi_square_p_value(counts, joint, RUNS) > 1e-3
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    # the draft is right sometimes and wrong sometimes, so both branches of the rule are exercised
+    assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 def test_layer_outside_the_range_is_refused(deep):
