@@ -21,7 +21,6 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
-from mmspec_cli import api
 from mmspec_cli.bench import latency
 from tests import tiny
 from mmspec_cli.bench import hub, records as records_mod
@@ -460,14 +459,6 @@ def assert_one_line_error(result, fragment: str) -> None:
     assert result.stdout == ""
     [line] = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
     assert line.startswith("error: ") and fragment in line, line
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 def _bad_manifests(root: Path) -> dict:

@@ -240,14 +240,6 @@ def test_sampling_skips_the_identity_check(files):
     assert plain.exit_code == 0 and "the identity check applies only to greedy decoding" in plain.stdout
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
-
-
 @pytest.mark.parametrize("args, fragment", [
     (["--drafters", "m,zz"], "drafter 'zz'"),
     (["--drafters", "m,m"], "'m' more than once"),

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mmspec_cli import api
 from mmspec_cli.bench import latency
 from mmspec_cli.bench import records as records_mod
 from mmspec_cli.bench.report import check_line, counted, failure_line
@@ -68,14 +67,6 @@ def keys(path: Path) -> list[tuple]:
 def no_traceback(result) -> None:
     """The error was mapped to its exit code, not raised (under CliRunner an unmapped one lands in ``exception``)."""
     assert "Traceback" not in result.stderr and isinstance(result.exception, SystemExit), result.exception
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 # --------------------------------------------------------------------------- 1. a full disk
