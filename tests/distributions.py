@@ -12,10 +12,10 @@ import torch
 from mmspec_cli.decoding.sampling import SamplingParams, probabilities
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
+from tests.helpers import QUESTION
 
 #: The engine-level tests sample with top-k 4: at most 16 outcomes for the first two tokens.
 PARAMS = SamplingParams(temperature=1.0, top_k=4)
-QUESTION = "what is in the image?"
 #: Seeded runs per engine-level distribution test: each test's docstring says what it catches at this size.
 ENGINE_RUNS = 300
 
@@ -80,7 +80,8 @@ class ToyModel:
         return torch.multinomial(self.probs(prefixes), 1, generator=generator).squeeze(-1)
 
     def draft(self, n: int, gamma: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """n chains of γ tokens drawn from this model: (tokens (n, γ), the distribution each was drawn from (n, γ, V))."""
+        """n chains of γ tokens drawn from this model: the tokens (n, γ) and the distribution each was drawn
+        from (n, γ, V)."""
         tokens = torch.zeros(n, 0, dtype=torch.long)
         dists = []
         for _ in range(gamma):
@@ -104,12 +105,26 @@ class ToyModel:
                 out[rows, t] = self.sample(out[rows, :t], generator)
         return out
 
+    def finish(self, drafted: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor,
+               generator: torch.Generator) -> torch.Tensor:
+        """What N blocks emitted (row r: its first ``accepted[r]`` ``drafted`` tokens, then ``next_token[r]``),
+        each completed to ``length`` tokens by :meth:`complete`: (N, length)."""
+        n = len(drafted)
+        emitted = torch.zeros(n, self.length, dtype=torch.long)
+        emitted[:, : drafted.shape[1]] = drafted
+        emitted[torch.arange(n), accepted] = next_token
+        return self.complete(emitted, accepted + 1, generator)
+
+    def p_value(self, sequences: torch.Tensor) -> float:
+        """The chi-square test of ``sequences`` (N, length) against :meth:`joint`."""
+        return chi_square_p_value(sequence_counts(sequences), self.joint(), len(sequences))
+
     def joint(self) -> dict[tuple[int, ...], float]:
         """{sequence of ``length`` tokens: its probability}, for every sequence the model can give."""
         joint = {(): 1.0}
         for k in range(self.length):
-            joint = {seq + (x,): p * float(self.tables[k][seq][x]) for seq, p in joint.items() for x in range(self.vocab)
-                     if self.tables[k][seq][x] > 0}
+            joint = {seq + (x,): p * float(self.tables[k][seq][x])
+                     for seq, p in joint.items() for x in range(self.vocab) if self.tables[k][seq][x] > 0}
         return joint
 
 

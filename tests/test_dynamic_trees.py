@@ -8,17 +8,16 @@ import torch
 from typer.testing import CliRunner
 
 from mmspec_cli.cli.app import app
-from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.tree import ROOT, TreeSettings, TreeTopology, best, rerank, top_children
 from mmspec_cli.decoding.verify import (PathVerdict, draw_rows, verify_any_tree_greedy, verify_any_tree_sampling,
                                         verify_any_tree_sampling_batch)
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.errors import InputError
 from tests import tiny
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
-from tests.distributions import ENGINE_RUNS, PARAMS, ToyModel, chi_square_p_value, sampled_pairs, sequence_counts
+from tests.helpers import (FOLLOW_UP, QUESTION, assert_one_line_error, one_hot_logits, save_images, speculative_decoder,
+                           write_profile)
+from tests.test_engine_greedy import reference
+from tests.distributions import ENGINE_RUNS, PARAMS, ToyModel, chi_square_p_value, sampled_pairs
 
 VISPEC = dict(tree="dynamic", tree_budget=30, tree_depth=3, tree_topk=8)
 EAGLE2 = dict(tree="dynamic", tree_budget=60, tree_depth=5, tree_topk=10)
@@ -68,19 +67,13 @@ def test_tree_settings_that_disagree_are_one_line(tree, width, message):
 # --------------------------------------------------------------------------- verification (pure)
 
 
-def one_hot(ids, vocab=8):
-    logits = torch.full((len(ids), vocab), -5.0)
-    logits[torch.arange(len(ids)), torch.tensor(ids)] = 5.0
-    return logits
-
-
 def test_greedy_follows_the_longest_matching_path():
     # rows: 0 root; 1 '4' and 2 '5' off the root; 3 '6' and 4 '7' under row 1; 5 '1' under row 4
     parents = [-1, 0, 0, 1, 1, 4]
     tokens = [9, 4, 5, 6, 7, 1]
-    logits = one_hot([4, 7, 0, 0, 1, 2])  # the target wants 4, then 7, then 1, then 2
+    logits = one_hot_logits([4, 7, 0, 0, 1, 2])  # the target wants 4, then 7, then 1, then 2
     assert verify_any_tree_greedy(parents, tokens, logits) == PathVerdict([1, 4, 5], 2)
-    assert verify_any_tree_greedy(parents, tokens, one_hot([3, 0, 0, 0, 0, 0])) == PathVerdict([], 3)
+    assert verify_any_tree_greedy(parents, tokens, one_hot_logits([3, 0, 0, 0, 0, 0])) == PathVerdict([], 3)
 
 
 # a tree of deterministic candidates over 5 tokens (rows: 0 the root, then the drafted nodes)
@@ -103,16 +96,13 @@ def any_tree_sequences(rule, target: ToyModel, seed: int = 0) -> tuple[torch.Ten
     g = torch.Generator().manual_seed(seed)
     paths, next_token = rule(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs.expand(DRAWS, -1, -1), g)
     lengths = (paths >= 0).sum(dim=1)
-    emitted = torch.zeros(DRAWS, 3, dtype=torch.long)
-    emitted[:, : paths.shape[1]] = torch.tensor(TREE_TOKENS)[paths.clamp_min(0)]
-    emitted[torch.arange(DRAWS), lengths] = next_token
-    return target.complete(emitted, lengths + 1, g), lengths
+    return target.finish(torch.tensor(TREE_TOKENS)[paths.clamp_min(0)], lengths, next_token, g), lengths
 
 
 def test_deterministic_candidates_keep_the_target_distribution():
     target = ToyModel(5, 3, seed=4, zero=4)
     sequences, accepted = any_tree_sequences(verify_any_tree_sampling_batch, target)
-    assert chi_square_p_value(sequence_counts(sequences), target.joint(), DRAWS) > 1e-3
+    assert target.p_value(sequences) > 1e-3
     assert set(accepted.tolist()) == {0, 1, 2}  # every depth of the tree was reached
 
 
@@ -130,7 +120,7 @@ def test_a_wrong_rule_for_deterministic_candidates_fails_the_distribution_test()
     """The test above can fail: the wrong rule gives p < 1e-6 (about 0)."""
     target = ToyModel(5, 3, seed=4, zero=4)
     sequences, _ = any_tree_sequences(always_the_best_child, target)
-    assert chi_square_p_value(sequence_counts(sequences), target.joint(), DRAWS) < 1e-6
+    assert target.p_value(sequences) < 1e-6
 
 
 def test_one_verification_is_the_batched_rule_with_one_row():
@@ -147,11 +137,9 @@ def test_one_verification_is_the_batched_rule_with_one_row():
 # --------------------------------------------------------------------------- end to end
 
 
-def decoder(models, drafter, draft="perturbed", sampling=None, **tree):
-    target = models["target"]
-    kwargs = {} if sampling is None else {"sampling": sampling}
-    made = build_drafter(drafter, target, None if drafter == "ssd" else models[draft], ssd_layer=1)
-    return SpeculativeDecoder(target, made, gamma=5, max_new_tokens=MAX_NEW, **kwargs, **tree)
+def decoder(models, drafter, draft="perturbed", **options):
+    """γ 5 (a tree's depth bounds it), ssd at layer 1; ``options``: the tree settings, sampling, ..."""
+    return speculative_decoder(models["target"], drafter, models[draft], gamma=5, build=dict(ssd_layer=1), **options)
 
 
 @pytest.mark.parametrize("settings", [VISPEC, EAGLE2], ids=["vispec", "eagle2"])

@@ -20,12 +20,10 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import render_prompt
-from mmspec_cli.decoding.sampling import SamplingParams
 
-from tests.test_engine_greedy import QUESTION, reference
+from tests.helpers import MAX_NEW, QUESTION, speculative_decoder
+from tests.test_engine_greedy import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
-
-MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +31,10 @@ def captioner(tiny_models):
     return Captioner(tiny_models["perturbed"], max_new_tokens=6)
 
 
-def decoder(models, name, captioner, policy=EnsembleSpec(), gamma=3, max_new_tokens=MAX_NEW, draft="perturbed",
-            sampling=SamplingParams(), target="target"):
-    t = models[target]
-    drafter = build_drafter(name, t, models[draft], ensemble=policy, captioner=captioner, pool_kernel=2)
-    return SpeculativeDecoder(t, drafter, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+def decoder(models, name, captioner, policy=EnsembleSpec(), draft="perturbed", target="target", **options):
+    """``name`` drafted over the perturbed draft (pooling kernel 2); ``options``: γ, sampling, ..."""
+    return speculative_decoder(models[target], name, models[draft],
+                               build=dict(ensemble=policy, captioner=captioner, pool_kernel=2), **options)
 
 
 @pytest.fixture(scope="module")

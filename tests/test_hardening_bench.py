@@ -27,8 +27,7 @@ from mmspec_cli.cli.app import app
 from mmspec_cli.models.loading import resolve_device
 from mmspec_cli.models.profiles import load_profile
 
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, tiny_files
 
 runner = CliRunner()
 CLI = [sys.executable, "-c", "from mmspec_cli.cli.app import main; main()"]
@@ -47,11 +46,9 @@ def write_manifest(root: Path, n: int, turns: int) -> str:
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("hardening-bench")
-    save_images(root, 2)
-    return {"root": root,
-            "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
-                                     max_new_tokens=6, gamma=3),
+    files = tiny_files(tmp_path_factory.mktemp("hardening-bench"), tiny_dirs, max_new_tokens=6, gamma=3)
+    root = files["root"]
+    return {**files,
             "small": write_manifest(root, 2, 2),  # 2 samples x 2 turns: 8 records with ar,m
             "medium": write_manifest(root, 12, 1)}  # 24 records with ar,m: time enough for a signal to land
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.features import tap_for
 from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.drafters import build_drafter
@@ -21,7 +20,8 @@ from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
+from tests.helpers import FOLLOW_UP, QUESTION, speculative_decoder
+from tests.test_engine_greedy import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 KINDS = ["eagle", "vispec"]
@@ -56,9 +56,8 @@ def heads(tiny_models, head_dirs):
     return {kind: load_head(str(path), kind, None, tiny_models["target"]) for kind, path in head_dirs.items()}
 
 
-def head_decoder(target, head, sampling=None, gamma=3, **tree):
-    kwargs = {} if sampling is None else {"sampling": sampling}
-    return SpeculativeDecoder(target, HeadDrafter(target, head), gamma=gamma, max_new_tokens=MAX_NEW, **kwargs, **tree)
+def head_decoder(target, head, **options):
+    return speculative_decoder(target, HeadDrafter(target, head), **options)
 
 
 # --------------------------------------------------------------------------- what the head drafts
@@ -204,8 +203,7 @@ def test_sampling_keeps_the_target_distribution(tiny_models, joint):
     reverse order gives p ≈ 7e-22; the target's p rows shifted by one, or accepting every draft token, p ≈ 0.
     (With :func:`random_head` no draft token is ever accepted, and no mistake in q could show.)"""
     target = tiny_models["target"]
-    decoder = SpeculativeDecoder(target, HeadDrafter(target, guessing_head(target, "vispec")), gamma=2,
-                                 max_new_tokens=3, sampling=PARAMS)
+    decoder = head_decoder(target, guessing_head(target, "vispec"), gamma=2, max_new_tokens=3, sampling=PARAMS)
     counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
     assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
     assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3

@@ -17,9 +17,8 @@ from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.sampling import TokenPicker
 
 from tests.conftest import load
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
+from tests.helpers import FOLLOW_UP, QUESTION, assert_one_line_error, decode, save_images, write_profile
+from tests.test_engine_greedy import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 LAYERS = 4
@@ -35,21 +34,15 @@ def deep(tmp_path_factory, tiny_dirs):
     return load(path, "target")
 
 
-def decode(target, layer, gamma=3, n_images=1, questions=(QUESTION,), max_new_tokens=24, **kwargs):
-    decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=layer), gamma=gamma,
-                                 max_new_tokens=max_new_tokens, **kwargs)
-    return decoder, decoder.generate(tiny.images(n_images), list(questions))
-
-
 @pytest.mark.parametrize("layer", [1, 2, 3])
 @pytest.mark.parametrize("gamma, n_images", [(1, 1), (3, 0), (3, 2), (5, 1)])
 def test_greedy_equals_target_generate(deep, layer, gamma, n_images):
-    _, generation = decode(deep, layer, gamma=gamma, n_images=n_images)
+    generation = decode(deep, "ssd", build=dict(ssd_layer=layer), gamma=gamma, n_images=n_images)
     assert generation.turns[0].token_ids == reference(deep, [QUESTION], [], n_images)
 
 
 def test_two_turns_equal_target_generate(deep):
-    _, generation = decode(deep, 2, questions=(QUESTION, FOLLOW_UP))
+    generation = decode(deep, "ssd", build=dict(ssd_layer=2), questions=(QUESTION, FOLLOW_UP))
     first = generation.turns[0]
     assert first.token_ids == reference(deep, [QUESTION], [], 1)
     assert generation.turns[1].token_ids == reference(deep, [QUESTION, FOLLOW_UP], [first.text], 1)

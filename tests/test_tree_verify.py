@@ -17,13 +17,8 @@ from mmspec_cli.decoding.sampling import draw_without_replacement
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.decoding.verify import (draw_rows, recursive_rejection, recursive_rejection_batch, verify_tree_greedy,
                                         verify_tree_sampling, verify_tree_sampling_batch)
-from tests.distributions import ToyModel, chi_square_p_value, sequence_counts
-
-
-def one_hot_logits(ids, vocab=8):
-    logits = torch.full((len(ids), vocab), -5.0)
-    logits[torch.arange(len(ids)), torch.tensor(ids)] = 5.0
-    return logits
+from tests.distributions import ToyModel, chi_square_p_value
+from tests.helpers import one_hot_logits
 
 
 def test_greedy_follows_the_branch_that_starts_with_the_targets_token():
@@ -77,13 +72,7 @@ def tree_sequences(rule, target: ToyModel, draft: ToyModel, width: int, seed: in
     branch_probs = torch.stack([torch.stack([target.probs(branches[:, j, :t + 1]) for t in range(2)], dim=1)
                                 for j in range(width)], dim=1)  # (N, d, 2, V)
     branch, accepted, next_token = rule(branches, draft_probs, target.probs(empty), branch_probs, g)
-    emitted = torch.cat([branches[torch.arange(DRAWS), branch], torch.zeros(DRAWS, 1, dtype=torch.long)], dim=1)
-    emitted[torch.arange(DRAWS), accepted] = next_token
-    return target.complete(emitted, accepted + 1, g)
-
-
-def p_value(sequences: torch.Tensor, target: ToyModel) -> float:
-    return chi_square_p_value(sequence_counts(sequences), target.joint(), len(sequences))
+    return target.finish(branches[torch.arange(DRAWS), branch], accepted, next_token, g)
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 4])
@@ -91,7 +80,7 @@ def test_recursive_rejection_without_replacement_keeps_the_target_distribution(w
     """Width 4 is the draft's whole support: every tree holds every token the draft can propose."""
     target, draft = target_and_draft()
     sequences = tree_sequences(verify_tree_sampling_batch, target, draft, width)
-    assert p_value(sequences, target) > 1e-3
+    assert target.p_value(sequences) > 1e-3
 
 
 def first_branch_whole(branches, draft_probs, root_probs, branch_probs, generator):
@@ -127,7 +116,7 @@ def test_a_wrong_tree_rule_fails_the_distribution_test(wrong, monkeypatch):
         monkeypatch.setattr(verify, "residual_distribution", WRONG_TREE_RULES[wrong])
     else:
         monkeypatch.setattr(verify, "drop_candidate", WRONG_TREE_RULES[wrong])
-    assert p_value(tree_sequences(rule, target, draft, 3), target) < 1e-6
+    assert target.p_value(tree_sequences(rule, target, draft, 3)) < 1e-6
 
 
 def test_one_tree_is_the_batched_rule_with_one_row():

@@ -14,7 +14,7 @@ from mmspec_cli.decoding.sampling import SamplingParams, probabilities
 from mmspec_cli.decoding.verify import (draw_rows, residual_distribution, verify_greedy, verify_sampling,
                                         verify_sampling_batch)
 from mmspec_cli.drafters.weights import mixture
-from tests.distributions import ToyModel, chi_square_p_value, sequence_counts
+from tests.distributions import ToyModel
 
 V = 5
 
@@ -97,20 +97,14 @@ def chain_sequences(rule, target: ToyModel, draft: ToyModel, gamma: int, proposa
     if proposal is not None:
         q = proposal.along(tokens)[:, :gamma]
     accepted, next_token = rule(tokens, q, target.along(tokens), g)
-    emitted = torch.cat([tokens, torch.zeros(DRAWS, 1, dtype=torch.long)], dim=1)
-    emitted[torch.arange(DRAWS), accepted] = next_token
-    return target.complete(emitted, accepted + 1, g)
-
-
-def p_value(sequences: torch.Tensor, target: ToyModel) -> float:
-    return chi_square_p_value(sequence_counts(sequences), target.joint(), len(sequences))
+    return target.finish(tokens, accepted, next_token, g)
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3])
 def test_the_chain_rule_keeps_the_target_distribution(gamma):
     target, draft = target_and_draft(gamma)
     sequences = chain_sequences(verify_sampling_batch, target, draft, gamma)
-    assert p_value(sequences, target) > 1e-3
+    assert target.p_value(sequences) > 1e-3
 
 
 def accept_everything(tokens, q, p, generator):
@@ -127,7 +121,7 @@ def test_a_wrong_chain_rule_fails_the_distribution_test(wrong, monkeypatch):
         rule = accept_everything
     else:  # p instead of norm(max(0, p − q)): the rejected region is drawn again, too often
         monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    assert p_value(chain_sequences(rule, target, draft, 2), target) < 1e-6
+    assert target.p_value(chain_sequences(rule, target, draft, 2)) < 1e-6
 
 
 class Mixture(ToyModel):
@@ -145,8 +139,8 @@ def test_an_ensemble_keeps_the_target_distribution_only_when_verified_with_the_m
     """Tokens drawn from the mixture: q = the mixture keeps p; q = one member's (the draft's own q) must fail."""
     target, member = target_and_draft(2)
     ensemble = Mixture([member, ToyModel(V, 3, seed=30)], [0.4, 0.6])
-    assert p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2), target) > 1e-3
-    assert p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2, proposal=member), target) < 1e-6
+    assert target.p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2)) > 1e-3
+    assert target.p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2, proposal=member)) < 1e-6
 
 
 def test_one_block_is_the_batched_rule_with_one_row():
