@@ -107,8 +107,14 @@ def test_the_pair_is_what_it_claims(families, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("draft", ["draft", "plain"])
-def test_check_compatible_passes(families, family, draft):
-    check_compatible(families[family]["target"], families[family][draft])
+def test_check_compatible_passes(families, tiny_models, family, draft):
+    """A NeXT or OneVision target and a LLaVA-1.5 draft pass when they share the tokenizer, though their
+    processors differ; the same target with a draft of another tokenizer is refused, so passing means something."""
+    target = families[family]["target"]
+    assert type(target.processor) is not type(families[family][draft].processor)
+    assert check_compatible(target, families[family][draft]) is None
+    with pytest.raises(ModelLoadError, match="target and draft tokenizers differ"):
+        check_compatible(target, tiny_models["other_tokenizer"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
