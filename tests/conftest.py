@@ -58,3 +58,12 @@ def no_model_loading(monkeypatch):
 
     monkeypatch.setattr(api, "load_model", refuse)
     monkeypatch.setattr(loading, "load_model", refuse)
+
+
+@pytest.fixture(scope="session")
+def joint(tiny_models):
+    """The tiny target's exact distribution {(x1, x2): p} of its first two tokens sampled with
+    ``tests.distributions.PARAMS``, for the engine-level distribution tests."""
+    from tests.distributions import exact_joint
+
+    return exact_joint(tiny_models["target"])

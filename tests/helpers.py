@@ -1,12 +1,21 @@
-"""Files the CLI tests share: tiny-model profiles and saved test images."""
+"""What many test modules share: tiny-model profiles and saved test images, the one-line error check, and
+a speculative decoder of the tiny models (``speculative_decoder``, ``decode``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import yaml
 
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.drafters import build_drafter
 from tests import tiny
+
+QUESTION = "what is in the image?"
+FOLLOW_UP = "and how many shapes are there?"
+MAX_NEW = 24
 
 
 def write_profile(path: Path, target: str, draft: str, **decoding) -> str:
@@ -24,6 +33,35 @@ def save_images(root: Path, n: int) -> list[str]:
         paths.append(str(root / f"img{i}.png"))
         image.save(paths[-1])
     return paths
+
+
+def tiny_files(root: Path, tiny_dirs: dict, images: int = 2, **decoding) -> dict:
+    """The files most CLI tests start from, written to ``root``: ``images`` saved test images (``save_images``) and
+    ``profile``, the tiny target with the perturbed draft (``write_profile``, ``decoding`` keys as given)."""
+    return {"root": root, "images": save_images(root, images),
+            "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], **decoding)}
+
+
+def one_hot_logits(ids: Sequence[int], vocab: int = 8) -> torch.Tensor:
+    """(len(ids), vocab) logits: row i is 5 at ids[i] and −5 elsewhere, so its argmax is ids[i]."""
+    logits = torch.full((len(ids), vocab), -5.0)
+    logits[torch.arange(len(ids)), torch.tensor(ids)] = 5.0
+    return logits
+
+
+def speculative_decoder(target, drafter, draft=None, gamma: int = 3, max_new_tokens: int = MAX_NEW,
+                        build: dict | None = None, **decoding) -> SpeculativeDecoder:
+    """A decoder of the loaded ``target`` drafting with ``drafter``: a Drafter, or a drafter name built over the
+    loaded ``draft`` by ``build_drafter`` with the ``build`` keywords (ssd_layer, ensemble, captioner, ...).
+    ``decoding``: the decoder's other keywords (sampling, tree_width, tree, ...)."""
+    if isinstance(drafter, str):
+        drafter = build_drafter(drafter, target, draft, **(build or {}))
+    return SpeculativeDecoder(target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, **decoding)
+
+
+def decode(target, drafter, draft=None, n_images: int = 1, questions: Sequence[str] = (QUESTION,), **options):
+    """The :func:`speculative_decoder`'s generation (every turn) for ``n_images`` test images and ``questions``."""
+    return speculative_decoder(target, drafter, draft, **options).generate(tiny.images(n_images), list(questions))
 
 
 def assert_one_line_error(result, fragment: str, code: int = 2, stdout_allowed: bool = False,

@@ -1,8 +1,11 @@
-"""The layering docs/ARCHITECTURE.md describes: no module imports a higher layer, and no import cycles."""
+"""The layering docs/ARCHITECTURE.md describes: no module imports a higher layer, and no import cycles;
+and the parts of that document that name code still name it: the layer table (every part's layer,
+every module) and "How to add a drafter" (every method a drafter implements)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import mmspec_cli
 
 PACKAGE = Path(mmspec_cli.__file__).resolve().parent
+DOC = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 
 #: Layer of each top-level part of mmspec_cli, lowest first (docs/ARCHITECTURE.md, "Layers").
 #: A module may import its own part and any lower layer; parts on one layer don't import each other.
@@ -91,3 +95,84 @@ def test_the_command_line_and_the_facts_import_no_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- docs/ARCHITECTURE.md
+
+
+def section(title: str) -> str:
+    """The text of the ``## title`` section of docs/ARCHITECTURE.md."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def layer_table() -> dict[str, tuple[int, str]]:
+    """{part: (layer, what its row says)} from the "Layers" table; a part is a folder (``models/`` -> models) or
+    a top-level module (``api.py`` -> api), as in ``LAYERS``."""
+    rows = {}
+    for line in section("Layers").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in re.findall(r"`([^`]+)`", cells[1]):
+                rows[name.removesuffix("/").removesuffix(".py")] = (int(cells[0]), cells[2])
+    return rows
+
+
+def test_the_layer_table_gives_every_part_the_layer_the_import_check_uses():
+    assert {part: layer for part, (layer, _) in layer_table().items()} == LAYERS
+
+
+def test_the_layer_table_names_every_module_in_its_parts_row():
+    table = layer_table()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" or len(relative.parts) == 1:  # a top-level module is a part of its own
+            continue
+        inside = "/".join(relative.parts[1:])  # e.g. `plain.py` in the drafters/ row, `training/build.py` in demo/'s
+        if f"`{inside}`" not in table[relative.parts[0]][1]:
+            missing.append(f"`{inside}` in the {relative.parts[0]}/ row")
+    assert not missing, "docs/ARCHITECTURE.md's layer table should name " + ", ".join(missing)
+
+
+def hooks(cls) -> set[str]:
+    """Methods ``cls`` leaves to its subclasses: bodies that are only a docstring, ``pass`` or ``raise NotImplementedError``."""
+    source = ast.parse(Path(sys.modules[cls.__module__].__file__).read_text())
+    [node] = [n for n in source.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    found = set()
+    for method in node.body:
+        if isinstance(method, ast.FunctionDef):
+            body = [s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            if all(isinstance(s, ast.Pass) or (isinstance(s, ast.Raise) and "NotImplementedError" in ast.unparse(s))
+                   for s in body):
+                found.add(method.name)
+    return found
+
+
+def defined_names() -> set[str]:
+    """Every function, class, method, attribute and module-level name mmspec_cli defines."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_how_to_add_a_drafter_names_every_method_a_drafter_implements_and_nothing_that_is_gone():
+    from mmspec_cli.decoding.drafter import Drafter
+    from mmspec_cli.drafters.tree_drafting import TreeDrafting
+
+    text = section("How to add a drafter")
+    named = set(re.findall(r"`(\w+)(?:\(\))?`", text))
+    needed = set(Drafter.__abstractmethods__) | hooks(TreeDrafting)
+    assert {"begin_turn", "propose", "propose_tree", "tree_root", "tree_level", "keep_fed", "tree_done"} <= needed
+    assert needed <= named, f"'How to add a drafter' should name {sorted(needed - named)}"
+    gone = named - defined_names()
+    assert not gone, f"'How to add a drafter' names {sorted(gone)}, which mmspec_cli no longer defines"

@@ -21,7 +21,6 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
-from mmspec_cli import api
 from mmspec_cli.bench import latency
 from tests import tiny
 from mmspec_cli.bench import hub, records as records_mod
@@ -37,7 +36,7 @@ from mmspec_cli.bench.hf_assisted import assisted_generate
 from mmspec_cli.models.loading import resolve_device
 from mmspec_cli.models.prompts import render_prompt
 
-from tests.helpers import save_images, write_profile
+from tests.helpers import tiny_files
 
 MAX_NEW = 6
 DRAFTERS = "ar,m,t"
@@ -65,13 +64,11 @@ def read_jsonl(path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("bench")
-    save_images(root, 2)
+    files = tiny_files(tmp_path_factory.mktemp("bench"), tiny_dirs, max_new_tokens=MAX_NEW, gamma=3)
+    root = files["root"]
     (root / "corrupt.png").write_bytes(b"\x00not a png\xff" * 8)
     return {
-        "root": root,
-        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
-                                 max_new_tokens=MAX_NEW, gamma=3),
+        **files,
         "manifest": write_jsonl(root / "manifest.jsonl", SAMPLES),
         "with_corrupt": write_jsonl(root / "corrupt.jsonl", [
             {"id": "bad", "images": ["corrupt.png"], "turns": ["what?"], "category": "spot"}, SAMPLES[0]]),
@@ -460,14 +457,6 @@ def assert_one_line_error(result, fragment: str) -> None:
     assert result.stdout == ""
     [line] = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
     assert line.startswith("error: ") and fragment in line, line
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 def _bad_manifests(root: Path) -> dict:

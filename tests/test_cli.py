@@ -22,7 +22,7 @@ from mmspec_cli.decoding.events import BlockVerified, Generation, TurnFinished, 
 from mmspec_cli.models.images import load_images
 from mmspec_cli.decoding.metrics import RunStats
 
-from tests.helpers import assert_one_line_error, save_images, write_profile
+from tests.helpers import assert_one_line_error, tiny_files, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 10
@@ -36,19 +36,13 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
     """Two PNG images, a good profile, and a few broken inputs."""
-    root = tmp_path_factory.mktemp("cli")
-    images = save_images(root, 2)
+    files = tiny_files(tmp_path_factory.mktemp("cli"), tiny_dirs, max_new_tokens=MAX_NEW)
+    root = files["root"]
     (root / "x.png").write_bytes(b"\x00not a png at all\xff" * 8)
     (root / "malformed.yaml").write_text("target: [unclosed\n")
     (root / "wrong_key.yaml").write_text(f"target: {{model: {tiny_dirs['target']}}}\ndecoding: {{gama: 3}}\n")
-    return {
-        "root": root,
-        "images": images,
-        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
-                                 max_new_tokens=MAX_NEW),
-        "other_tokenizer": write_profile(root / "other.yaml", tiny_dirs["target"], tiny_dirs["other_tokenizer"],
-                                         max_new_tokens=MAX_NEW),
-    }
+    return {**files, "other_tokenizer": write_profile(root / "other.yaml", tiny_dirs["target"],
+                                                      tiny_dirs["other_tokenizer"], max_new_tokens=MAX_NEW)}
 
 
 def invoke(*args: str, env: dict | None = None):

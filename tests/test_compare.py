@@ -21,7 +21,7 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.models.profiles import load_profile
 
-from tests.helpers import save_images, write_profile
+from tests.helpers import tiny_files
 
 QUESTION = "what is in the image?"
 MAX_NEW = 12
@@ -131,10 +131,7 @@ def test_drafter_names_are_split_and_checked():
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("compare")
-    images = save_images(root, 2)
-    profile = write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=MAX_NEW)
-    return {"images": images, "profile": profile}
+    return tiny_files(tmp_path_factory.mktemp("compare"), tiny_dirs, max_new_tokens=MAX_NEW)
 
 
 def invoke(files: dict, *args: str):
@@ -238,14 +235,6 @@ def test_sampling_skips_the_identity_check(files):
     assert data["identical"] is None and data["divergence"] is None
     plain = invoke(files, *args)
     assert plain.exit_code == 0 and "the identity check applies only to greedy decoding" in plain.stdout
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 @pytest.mark.parametrize("args, fragment", [

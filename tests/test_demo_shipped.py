@@ -18,6 +18,7 @@ from mmspec_cli.demo.tasks import quality_questions
 from mmspec_cli.demo.training.train import language_model_parameters
 from mmspec_cli.models.loading import check_compatible, load_model, shipped_models, shipped_models_dir
 from mmspec_cli.models.profiles import load_profile
+from mmspec_cli.models.prompts import render_prompt
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 runner = CliRunner()
@@ -77,10 +78,17 @@ def test_quality_on_100_held_out_colour_and_count_questions(demo):
     expected word appears and no other colour (colour questions) or number word (count questions)
     appears anywhere in the reasoned answer.
     The lenient reading (final answer only) is printed beside it; the README reports both.
+    The 100 answers come from one left-padded batch (2 s instead of 25 s one by one); the first two and
+    the most padded are answered again alone and must be the same text: the batch is the target's own
+    greedy output (all 100 were the same when this was written).
     """
     _, target, _ = demo
     questions = quality_questions(100)
-    answers = answer_questions(target.model, target.processor, questions)
+    answers = answer_questions(target.model, target.processor, questions, batch_size=len(questions))
+    tokens = [len(target.processor.tokenizer(render_prompt(target.processor, [q.question], [], 1)).input_ids)
+              for q in questions]
+    for i in (0, 1, tokens.index(min(tokens))):
+        assert answer_questions(target.model, target.processor, [questions[i]]) == [answers[i]], i
     score = score_answers(questions, answers)
     final, strict = score.final, score.strict
     print(f"strictly right {sum(strict)}/100 (colour {sum(strict[0::2])}/50, count {sum(strict[1::2])}/50); "

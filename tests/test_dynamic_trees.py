@@ -3,24 +3,21 @@ and losslessness end to end for every drafter that drafts trees."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from mmspec_cli.cli.app import app
-from mmspec_cli.decoding import step as step_module
-from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.tree import ROOT, TreeSettings, TreeTopology, best, rerank, top_children
-from mmspec_cli.decoding.verify import PathVerdict, verify_any_tree_greedy, verify_any_tree_sampling
+from mmspec_cli.decoding.verify import (PathVerdict, draw_rows, verify_any_tree_greedy, verify_any_tree_sampling,
+                                        verify_any_tree_sampling_batch)
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.errors import InputError
 from tests import tiny
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
-from tests.test_engine_sampling import PARAMS, chi_square_p_value, exact_joint
+from tests.helpers import (FOLLOW_UP, QUESTION, assert_one_line_error, one_hot_logits, save_images, speculative_decoder,
+                           write_profile)
+from tests.test_engine_greedy import reference
+from tests.distributions import ENGINE_RUNS, PARAMS, ToyModel, chi_square_p_value, sampled_pairs
 
 VISPEC = dict(tree="dynamic", tree_budget=30, tree_depth=3, tree_topk=8)
 EAGLE2 = dict(tree="dynamic", tree_budget=60, tree_depth=5, tree_topk=10)
@@ -70,42 +67,79 @@ def test_tree_settings_that_disagree_are_one_line(tree, width, message):
 # --------------------------------------------------------------------------- verification (pure)
 
 
-def one_hot(ids, vocab=8):
-    logits = torch.full((len(ids), vocab), -5.0)
-    logits[torch.arange(len(ids)), torch.tensor(ids)] = 5.0
-    return logits
-
-
 def test_greedy_follows_the_longest_matching_path():
     # rows: 0 root; 1 '4' and 2 '5' off the root; 3 '6' and 4 '7' under row 1; 5 '1' under row 4
     parents = [-1, 0, 0, 1, 1, 4]
     tokens = [9, 4, 5, 6, 7, 1]
-    logits = one_hot([4, 7, 0, 0, 1, 2])  # the target wants 4, then 7, then 1, then 2
+    logits = one_hot_logits([4, 7, 0, 0, 1, 2])  # the target wants 4, then 7, then 1, then 2
     assert verify_any_tree_greedy(parents, tokens, logits) == PathVerdict([1, 4, 5], 2)
-    assert verify_any_tree_greedy(parents, tokens, one_hot([3, 0, 0, 0, 0, 0])) == PathVerdict([], 3)
+    assert verify_any_tree_greedy(parents, tokens, one_hot_logits([3, 0, 0, 0, 0, 0])) == PathVerdict([], 3)
+
+
+# a tree of deterministic candidates over 5 tokens (rows: 0 the root, then the drafted nodes)
+#         row:  0   1    2    3    4    5    6    7    8
+TREE_PARENTS = [-1, 0,   0,   0,   0,   1,   1,   1,   2]
+TREE_TOKENS = [9,  1,   2,   4,   0,   3,   1,   4,   0]  # token 4: a candidate the target never gives
+TREE_SCORES = [0.0, -0.2, -0.5, -0.7, -1.6, -0.9, -1.1, -2.0, -0.8]
+DRAWS = 200_000
+
+
+def any_tree_sequences(rule, target: ToyModel, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """DRAWS verifications of the tree above: row r's target distribution is the target's after the tokens on
+    r's path. What ``rule`` emits (the accepted path's tokens, then its token) is completed to 3 tokens: (N, 3);
+    and how many drafted tokens each verification accepted, (N,)."""
+    def path_tokens(row):
+        return [] if row == 0 else path_tokens(TREE_PARENTS[row]) + [TREE_TOKENS[row]]
+
+    probs = torch.stack([target.probs(torch.tensor([path_tokens(r)], dtype=torch.long).reshape(1, -1))[0]
+                         for r in range(len(TREE_PARENTS))])  # (rows, V)
+    g = torch.Generator().manual_seed(seed)
+    paths, next_token = rule(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs.expand(DRAWS, -1, -1), g)
+    lengths = (paths >= 0).sum(dim=1)
+    return target.finish(torch.tensor(TREE_TOKENS)[paths.clamp_min(0)], lengths, next_token, g), lengths
 
 
 def test_deterministic_candidates_keep_the_target_distribution():
-    g = torch.Generator().manual_seed(0)
-    p = torch.tensor([0.05, 0.4, 0.25, 0.2, 0.1], dtype=torch.float64)
-    parents, tokens = [-1, 0, 0, 0], [9, 2, 1, 4]  # three candidates off the root, tried by score
-    scores = [0.0, -0.2, -0.5, -1.0]
-    counts: Counter = Counter()
-    for _ in range(20000):
-        verdict = verify_any_tree_sampling(parents, tokens, scores, p[None].expand(4, -1), g)
-        counts[(tokens[verdict.rows[0]],) if verdict.rows else (verdict.next_token,)] += 1
-    expected = {(i,): float(v) for i, v in enumerate(p)}
-    assert chi_square_p_value(counts, expected, 20000) > 1e-3
+    target = ToyModel(5, 3, seed=4, zero=4)
+    sequences, accepted = any_tree_sequences(verify_any_tree_sampling_batch, target)
+    assert target.p_value(sequences) > 1e-3
+    assert set(accepted.tolist()) == {0, 1, 2}  # every depth of the tree was reached
+
+
+def always_the_best_child(parents, tokens, scores, probs, generator):
+    """Wrong: accept the best-scored child at every level, so the output follows the draft's scores."""
+    rows, row = [], 0
+    while children := [r for r, p in enumerate(parents) if p == row]:
+        row = max(children, key=lambda r: scores[r])
+        rows.append(row)
+    n = probs.shape[0]
+    return torch.tensor(rows).expand(n, -1), draw_rows(probs[:, row], generator)
+
+
+def test_a_wrong_rule_for_deterministic_candidates_fails_the_distribution_test():
+    """The test above can fail: the wrong rule gives p < 1e-6 (about 0)."""
+    target = ToyModel(5, 3, seed=4, zero=4)
+    sequences, _ = any_tree_sequences(always_the_best_child, target)
+    assert target.p_value(sequences) < 1e-6
+
+
+def test_one_verification_is_the_batched_rule_with_one_row():
+    """The engine's one-tree call draws what the batched rule draws for that tree, from the same generator."""
+    probs = ToyModel(5, 1, seed=6).tables[0].expand(len(TREE_PARENTS), -1)
+    for i in range(30):
+        one, batch = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        verdict = verify_any_tree_sampling(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs, one)
+        paths, next_token = verify_any_tree_sampling_batch(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs[None], batch)
+        assert verdict == PathVerdict([r for r in paths[0].tolist() if r >= 0], int(next_token[0]))
+        assert torch.equal(one.get_state(), batch.get_state())
 
 
 # --------------------------------------------------------------------------- end to end
 
 
-def decoder(models, drafter, draft="perturbed", sampling=None, **tree):
-    target = models["target"]
-    kwargs = {} if sampling is None else {"sampling": sampling}
-    made = build_drafter(drafter, target, None if drafter == "ssd" else models[draft], ssd_layer=1)
-    return SpeculativeDecoder(target, made, gamma=5, max_new_tokens=MAX_NEW, **kwargs, **tree)
+def decoder(models, drafter, draft="perturbed", **options):
+    """γ 5 (a tree's depth bounds it), ssd at layer 1; ``options``: the tree settings, sampling, ..."""
+    return speculative_decoder(models["target"], drafter, models[draft], gamma=5, build=dict(ssd_layer=1), **options)
 
 
 @pytest.mark.parametrize("settings", [VISPEC, EAGLE2], ids=["vispec", "eagle2"])
@@ -139,37 +173,17 @@ def test_dynamic_trees_raise_block_efficiency_over_chains(tiny_models):
     assert tree > chain
 
 
-DYNAMIC_RUNS = 1000  # fewer runs than the chain tests: a dynamic tree block costs more here
-
-
-def sampled_pairs(models, drafter):
-    d = decoder(models, drafter, sampling=PARAMS, **dict(VISPEC, tree_budget=12, tree_topk=3))
-    counts: Counter = Counter()
-    for seed in range(DYNAMIC_RUNS):
-        counts[tuple(d.generate(tiny.images(1), [QUESTION], max_new_tokens=3, seed=seed).turns[0].token_ids[:2])] += 1
-    return counts
-
-
-@pytest.fixture(scope="module")
-def joint(tiny_models):
-    return exact_joint(tiny_models["target"])
-
-
 def test_sampling_keeps_the_target_distribution(tiny_models, joint):
-    assert chi_square_p_value(sampled_pairs(tiny_models, "m"), joint, DYNAMIC_RUNS) > 1e-3
+    """m drafting dynamic trees (budget 12, depth 3, top-k 3): ENGINE_RUNS runs against the target's exact
+    distribution (tests/test_engine_sampling.py says how); the rule is tested alone above.
 
-
-def test_the_distribution_test_catches_a_wrong_tree_rule(tiny_models, joint, monkeypatch):
-    """Accept the best-scored child at every level: the output then follows the draft's top-k."""
-    def always_first(parents, tokens, scores, probs, generator):
-        rows, row = [], 0
-        while children := [r for r, p in enumerate(parents) if p == row]:
-            row = max(children, key=lambda r: scores[r])
-            rows.append(row)
-        return PathVerdict(rows, int(torch.multinomial(probs[row].cpu(), 1, generator=generator)))
-
-    monkeypatch.setattr(step_module, "verify_any_tree_sampling", always_first)
-    assert chi_square_p_value(sampled_pairs(tiny_models, "m"), joint, DYNAMIC_RUNS) < 1e-6
+    What it can detect (measured when it was written, same seeds): the target's p rows shifted by one node,
+    or accepting the best-scored child at every level, give p ≈ 0. (The order in which children are tried does
+    not matter to the rule: reversed scores pass, p ≈ 0.8, as they should.)"""
+    d = decoder(tiny_models, "m", sampling=PARAMS, **dict(VISPEC, tree_budget=12, tree_topk=3))
+    counts, turns = sampled_pairs(d, ENGINE_RUNS)
+    assert {turn.blocks[0].accepted for turn in turns} >= {0, 1, 2}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 def test_cli_tree_flags(tiny_dirs, tmp_path):

@@ -6,13 +6,8 @@ import pytest
 import torch
 
 from tests import tiny
-from mmspec_cli.drafters import build_drafter
-from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.models.prompts import render_prompt
-
-QUESTION = "what is in the image?"
-FOLLOW_UP = "and how many shapes are there?"
-MAX_NEW = 24
+from tests.helpers import FOLLOW_UP, MAX_NEW, QUESTION, decode, speculative_decoder
 
 
 def reference(target, questions, answers, n_images, max_new_tokens=MAX_NEW):
@@ -21,13 +16,6 @@ def reference(target, questions, answers, n_images, max_new_tokens=MAX_NEW):
     inputs = target.processor(images=tiny.images(n_images) or None, text=text, return_tensors="pt")
     out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
-
-
-def decode(models, drafter, draft="perturbed", gamma=3, max_new_tokens=MAX_NEW, n_images=1, questions=(QUESTION,)):
-    target = models["target"]
-    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, models[draft]), gamma=gamma,
-                                 max_new_tokens=max_new_tokens)
-    return decoder.generate(tiny.images(n_images), list(questions))
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +27,14 @@ def refs(tiny_models):
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 @pytest.mark.parametrize("n_images", [0, 1, 2])
 def test_greedy_equals_target_generate(tiny_models, refs, drafter, gamma, n_images):
-    generation = decode(tiny_models, drafter, gamma=gamma, n_images=n_images)
+    generation = decode(tiny_models["target"], drafter, tiny_models["perturbed"], gamma=gamma, n_images=n_images)
     assert generation.turns[0].token_ids == refs[n_images]
 
 
 @pytest.mark.parametrize("draft, expect", [("same", "all"), ("random", "none"), ("perturbed", "some")])
 @pytest.mark.parametrize("drafter", ["m", "t"])
 def test_lossless_whatever_the_draft_quality(tiny_models, refs, draft, expect, drafter):
-    turn = decode(tiny_models, drafter, draft=draft, gamma=5).turns[0]
+    turn = decode(tiny_models["target"], drafter, tiny_models[draft], gamma=5).turns[0]
     assert turn.token_ids == refs[1]
     rate = turn.stats.acceptance_rate
     if expect == "all" and drafter == "m":  # the target drafting for itself, with the same images
@@ -58,7 +46,7 @@ def test_lossless_whatever_the_draft_quality(tiny_models, refs, draft, expect, d
 
 
 def test_block_statistics_are_consistent(tiny_models):
-    turn = decode(tiny_models, "m", gamma=4).turns[0]
+    turn = decode(tiny_models["target"], "m", tiny_models["perturbed"], gamma=4).turns[0]
     assert sum(len(b.tokens) for b in turn.blocks) == turn.stats.new_tokens == len(turn.token_ids)
     assert turn.stats.blocks == len(turn.blocks)
     assert turn.stats.block_efficiency == pytest.approx(turn.stats.new_tokens / turn.stats.blocks)
@@ -70,7 +58,7 @@ def test_block_statistics_are_consistent(tiny_models):
 
 def test_max_new_tokens_is_exact_at_a_block_boundary(tiny_models):
     ref = reference(tiny_models["target"], [QUESTION], [], 1, max_new_tokens=7)
-    turn = decode(tiny_models, "m", draft="same", gamma=5, max_new_tokens=7).turns[0]
+    turn = decode(tiny_models["target"], "m", tiny_models["same"], gamma=5, max_new_tokens=7).turns[0]
     assert turn.token_ids == ref and len(ref) == 7
     assert [len(b.draft) for b in turn.blocks] == [5, 0]  # γ shrinks so the last block cannot overshoot
 
@@ -81,7 +69,7 @@ def test_eos_inside_a_block_ends_the_turn(tiny_models, refs, monkeypatch):
     monkeypatch.setattr(tiny_models["target"].model.generation_config, "eos_token_id", ref[k])
     expected = reference(tiny_models["target"], [QUESTION], [], 1)
     assert expected == ref[: k + 1]
-    turn = decode(tiny_models, "m", draft="same", gamma=8).turns[0]
+    turn = decode(tiny_models["target"], "m", tiny_models["same"], gamma=8).turns[0]
     assert turn.token_ids == expected
     last = turn.blocks[-1]
     assert last.tokens[-1] == ref[k] and len(last.draft) > len(last.tokens) - 1  # cut inside the block
@@ -93,7 +81,7 @@ def test_two_turns_equal_generate_and_reuse_the_cache(tiny_models):
     hook = target.model.register_forward_hook(lambda mod, args, kwargs, out: fed.append(kwargs["input_ids"].shape[1]),
                                               with_kwargs=True)
     try:
-        generation = decode(tiny_models, "m", gamma=3, n_images=1, questions=(QUESTION, FOLLOW_UP))
+        generation = decode(target, "m", tiny_models["perturbed"], questions=(QUESTION, FOLLOW_UP))
     finally:
         hook.remove()
     first, second = generation.turns
@@ -109,8 +97,7 @@ def test_no_chat_template_falls_back_to_llava15_format(tiny_models):
     target = tiny_models["no_template"]
     text = render_prompt(target.processor, [QUESTION], [], 1)
     assert text == f"USER: <image>\n{QUESTION} ASSISTANT:"
-    decoder = SpeculativeDecoder(target, build_drafter("t", target, tiny_models["perturbed"]), gamma=3,
-                                 max_new_tokens=MAX_NEW)
+    decoder = speculative_decoder(target, "t", tiny_models["perturbed"])
     inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
     ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
     assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == ref.tolist()
@@ -119,8 +106,7 @@ def test_no_chat_template_falls_back_to_llava15_format(tiny_models):
 def test_raw_prompt_is_used_verbatim(tiny_models):
     target = tiny_models["target"]
     raw = "USER: <image>\n<image>\nCompare them. ASSISTANT:"
-    decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,
-                                 max_new_tokens=MAX_NEW)
+    decoder = speculative_decoder(target, "m", tiny_models["perturbed"])
     inputs = target.processor(images=tiny.images(2), text=raw, return_tensors="pt")
     ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
     assert decoder.generate(tiny.images(2), [], raw_prompt=raw).turns[0].token_ids == ref.tolist()
@@ -143,8 +129,7 @@ def test_a_reused_decoder_sees_the_new_image(tiny_models):
     """Placeholder ids are the same for every image: the cache must not keep the old image's positions."""
     target = tiny_models["target"]
     for name in ("m", "mt"):
-        decoder = SpeculativeDecoder(target, build_drafter(name, target, tiny_models["perturbed"]), gamma=3,
-                                     max_new_tokens=MAX_NEW)
+        decoder = speculative_decoder(target, name, tiny_models["perturbed"])
         first, second = tiny.images(2)
         decoder.generate([first], [QUESTION])
         text = render_prompt(target.processor, [QUESTION], [], 1)
@@ -161,8 +146,7 @@ def test_wall_time_does_not_count_the_consumers_time(tiny_models):
     from mmspec_cli.decoding.events import TurnFinished
 
     target = tiny_models["target"]
-    decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=3,
-                                 max_new_tokens=12)
+    decoder = speculative_decoder(target, "m", tiny_models["perturbed"], max_new_tokens=12)
     start = time.perf_counter()
     for event in decoder.stream(tiny.images(1), [QUESTION]):
         time.sleep(0.05)

@@ -1,97 +1,35 @@
 """Under sampling, speculative decoding must leave the target's output distribution unchanged.
 
-On the tiny target with top-k = 4 (at most 16 outcomes for two tokens), the empirical
-distribution of the first two generated tokens over a few thousand seeded runs is compared
-with the target's exact distribution p(x1)·p(x2 | x1) by a chi-square test. The same test
-with a deliberately wrong verification rule must fail: that is the proof it can.
+The rules themselves are tested on their pure functions with 200,000 blocks at once, each beside
+deliberately wrong rules that fail (``test_verify.py``, ``test_tree_verify.py``, ``test_dynamic_trees.py``).
+Here, and in one engine-level test per decoding path (ensemble, width tree, dynamic tree, draft head,
+ssd), the whole engine runs: on the tiny target with top-k = 4 (at most 16 outcomes for two tokens),
+the first two generated tokens of seeded runs are compared with the target's exact distribution
+p(x1)·p(x2 | x1) (the ``joint`` fixture) by a chi-square test. Those tests catch wiring mistakes: a
+p or q handed to the rule from the wrong position, from the wrong model, or shaped differently.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
-import pytest
-import torch
-
-from mmspec_cli.decoding import step as step_module
-from tests import tiny
-from mmspec_cli.drafters import build_drafter
 from mmspec_cli.decoding.engine import SpeculativeDecoder
-from mmspec_cli.models.prompts import process, render_prompt
-from mmspec_cli.decoding.sampling import SamplingParams, probabilities
-from mmspec_cli.decoding.verify import Verdict
-
-PARAMS = SamplingParams(temperature=1.0, top_k=4)
-QUESTION = "what is in the image?"
-RUNS = 1500  # enough for the wrong rules below to fail by orders of magnitude (p < 1e-6)
+from mmspec_cli.decoding.sampling import SamplingParams
+from mmspec_cli.drafters import build_drafter
+from tests import tiny
+from tests.distributions import ENGINE_RUNS, PARAMS, QUESTION, chi_square_p_value, sampled_pairs
 
 
-def exact_joint(target, n_images=1):
-    """{(x1, x2): p} for the target's first two sampled tokens."""
-    text = render_prompt(target.processor, [QUESTION], [], n_images)
-    prompt = process(target.processor, text, tiny.images(n_images))
-    vision = {k: v.to(target.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
-    with torch.no_grad():
-        def next_probs(ids):
-            out = target.model(input_ids=torch.tensor([ids]), **vision)
-            return probabilities(out.logits[0, -1], PARAMS)
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint):
+    """A single drafter (t, whose draft is right about half the time), chains of γ = 2: ENGINE_RUNS runs.
 
-        p1 = next_probs(prompt.ids)
-        return {(a, b): float(p1[a] * p2)
-                for a in torch.nonzero(p1).flatten().tolist()
-                for b, p2 in enumerate(next_probs(prompt.ids + [a])) if p2 > 0}
-
-
-def chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
-    """Pearson's test; outcomes with expected count < 5 are pooled into one cell."""
-    stat, pooled_obs, pooled_exp, cells = 0.0, 0.0, 0.0, 0
-    for outcome, p in expected.items():
-        e = p * n
-        if e < 5:
-            pooled_obs, pooled_exp = pooled_obs + counts.get(outcome, 0), pooled_exp + e
-        else:
-            stat += (counts.get(outcome, 0) - e) ** 2 / e
-            cells += 1
-    stray = sum(c for o, c in counts.items() if o not in expected)  # impossible outcomes observed
-    pooled_obs += stray
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        cells += 1
-    elif stray:
-        return 0.0
-    dof = torch.tensor((cells - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, torch.tensor(stat / 2, dtype=torch.float64)))
-
-
-def sample_pairs(models, drafter, draft):
-    target = models["target"]
-    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, models[draft]), gamma=2, max_new_tokens=3,
-                                 sampling=PARAMS)
-    counts: Counter = Counter()
-    for seed in range(RUNS):
-        decoder.seed = seed
-        ids = decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids
-        counts[tuple(ids[:2])] += 1
-    return counts
-
-
-@pytest.fixture(scope="module")
-def joint(tiny_models):
-    return exact_joint(tiny_models["target"])
-
-
-@pytest.mark.parametrize("drafter, draft", [("m", "random"), ("t", "perturbed")])
-def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint, drafter, draft):
-    counts = sample_pairs(tiny_models, drafter, draft)
-    assert chi_square_p_value(counts, joint, RUNS) > 1e-3
-
-
-def test_the_distribution_test_catches_a_wrong_rule(tiny_models, joint, monkeypatch):
-    """Accept every draft token: the output then follows the draft, and the test must say so."""
-    monkeypatch.setattr(step_module, "verify_sampling",
-                        lambda tokens, q, p, g: Verdict(len(tokens), int(torch.multinomial(p[-1].cpu(), 1, generator=g))))
-    counts = sample_pairs(tiny_models, "m", "random")
-    assert chi_square_p_value(counts, joint, RUNS) < 1e-6
+    What it can detect (measured when it was written, same seeds): handing the rule the draft's q rows in
+    reverse order gives p ≈ 9e-23; the target's p rows shifted by one, or accepting every draft token, p ≈ 0."""
+    target = tiny_models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter("t", target, tiny_models["perturbed"]), gamma=2,
+                                 max_new_tokens=3, sampling=PARAMS)
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    first_blocks = [turn.blocks[0] for turn in turns]
+    assert {b.accepted for b in first_blocks} == {0, 1, 2}  # rejections at each position, and full accepts
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 def test_seeded_sampling_is_reproducible(tiny_models):

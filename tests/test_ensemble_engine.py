@@ -10,6 +10,7 @@ from tests import tiny
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.registry import parse_drafter
+from mmspec_cli.drafters.weights import mixture
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, pooled_row
@@ -19,12 +20,10 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import render_prompt
-from mmspec_cli.decoding.sampling import SamplingParams
 
-from tests.test_engine_greedy import QUESTION, reference
-from tests.test_engine_sampling import RUNS, chi_square_p_value, exact_joint
-
-MAX_NEW = 24
+from tests.helpers import MAX_NEW, QUESTION, speculative_decoder
+from tests.test_engine_greedy import reference
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +31,10 @@ def captioner(tiny_models):
     return Captioner(tiny_models["perturbed"], max_new_tokens=6)
 
 
-def decoder(models, name, captioner, policy=EnsembleSpec(), gamma=3, max_new_tokens=MAX_NEW, draft="perturbed",
-            sampling=SamplingParams(), target="target"):
-    t = models[target]
-    drafter = build_drafter(name, t, models[draft], ensemble=policy, captioner=captioner, pool_kernel=2)
-    return SpeculativeDecoder(t, drafter, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+def decoder(models, name, captioner, policy=EnsembleSpec(), draft="perturbed", target="target", **options):
+    """``name`` drafted over the perturbed draft (pooling kernel 2); ``options``: γ, sampling, ..."""
+    return speculative_decoder(models[target], name, models[draft],
+                               build=dict(ensemble=policy, captioner=captioner, pool_kernel=2), **options)
 
 
 @pytest.fixture(scope="module")
@@ -119,20 +117,31 @@ def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, c
                 assert torch.allclose(block_q[step, k], expected, atol=1e-4), (member, step)
 
 
-@pytest.mark.parametrize("name, policy", [("mt", EnsembleSpec()), ("tabed:mc", EnsembleSpec(policy="grid"))])
-def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, name, policy):
-    params = SamplingParams(temperature=1.0, top_k=4)
-    joint = exact_joint(tiny_models["target"])
-    dec = decoder(tiny_models, name, captioner, policy=policy, gamma=2, max_new_tokens=3, draft="random",
-                  sampling=params)
-    counts = {}
-    for seed in range(RUNS):
-        dec.seed = seed
-        ids = tuple(dec.generate(tiny.images(1), [QUESTION]).turns[0].token_ids[:2])
-        counts[ids] = counts.get(ids, 0) + 1
-    from collections import Counter
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, joint):
+    """tabed (members m and t mixed, weights re-chosen from the second block on), chains of γ = 2: ENGINE_RUNS
+    runs against the target's exact distribution (tests/test_engine_sampling.py says how).
 
-    assert chi_square_p_value(Counter(counts), joint, RUNS) > 1e-3
+    What it can detect (measured when it was written, same seeds): handing the rule the mixture's rows in
+    reverse order gives p ≈ 2e-15, accepting every draft token p ≈ 0. One member's q instead of the mixture
+    would pass the chi-square here (p ≈ 0.06: m and t draft much alike), so every block's q is also checked
+    to be the mixture of the members' distributions with the block's weights (the members' distributions
+    are checked against each member run alone in test_batched_rows_equal_each_member_run_alone)."""
+    dec = decoder(tiny_models, "tabed", captioner, gamma=2, max_new_tokens=3, sampling=PARAMS)
+    drafts = []
+    propose = dec.drafter.propose
+
+    def recording(generated, gamma, picker):
+        draft = propose(generated, gamma, picker)
+        drafts.append((draft, dec.drafter._block_q))
+        return draft
+
+    dec.drafter.propose = recording
+    counts, turns = sampled_pairs(dec, ENGINE_RUNS)
+    for draft, member_q in drafts:  # (γ, V) handed to the rule == Σ_k w_k q_k, (γ, m, V) mixed by (m,)
+        torch.testing.assert_close(draft.probs, mixture(member_q, torch.tensor(draft.weights)), rtol=0, atol=1e-12)
+    assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
+    assert any(b.weights != pytest.approx([0.5, 0.5]) for turn in turns for b in turn.blocks)  # adapted weights
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 @pytest.mark.parametrize("name, fragment", [

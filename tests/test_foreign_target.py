@@ -17,13 +17,11 @@ import yaml
 from typer.testing import CliRunner
 
 from mmspec_cli.cli.app import app
-from mmspec_cli.decoding.engine import SpeculativeDecoder
-from mmspec_cli.drafters import build_drafter
 from mmspec_cli.models.prompts import process, render_prompt
 
 from tests import tiny
 from tests.conftest import load
-from tests.helpers import save_images
+from tests.helpers import decode, save_images
 
 runner = CliRunner()
 QUESTIONS = ["what is in the image?", "how many shapes are there?"]
@@ -110,9 +108,7 @@ def test_train_head_reads_later_turns_whose_prompts_carry_placeholder_answers(fa
 def test_later_turns_after_placeholder_answers_are_the_targets_own(family, drafter):
     """Turn 2's prompt carries turn 1's answer, full of placeholders; every drafter's output is still ``generate``'s."""
     target, draft = family["models"]["target"], family["models"]["draft"]
-    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, draft), gamma=3, max_new_tokens=16)
-    generation = decoder.generate(tiny.images(1), QUESTIONS)
-    first, second = generation.turns
+    first, second = decode(target, drafter, draft, questions=QUESTIONS, max_new_tokens=16).turns
     assert IMAGE_ID in first.token_ids
     for turn, answers in ((first, []), (second, [first.text])):
         text = render_prompt(target.processor, QUESTIONS, answers, 1)

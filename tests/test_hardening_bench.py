@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mmspec_cli import api
 from mmspec_cli.bench import latency
 from mmspec_cli.bench import records as records_mod
 from mmspec_cli.bench.report import check_line, counted, failure_line
@@ -28,8 +27,7 @@ from mmspec_cli.cli.app import app
 from mmspec_cli.models.loading import resolve_device
 from mmspec_cli.models.profiles import load_profile
 
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, tiny_files
 
 runner = CliRunner()
 CLI = [sys.executable, "-c", "from mmspec_cli.cli.app import main; main()"]
@@ -48,14 +46,11 @@ def write_manifest(root: Path, n: int, turns: int) -> str:
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("hardening-bench")
-    save_images(root, 2)
-    return {"root": root,
-            "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
-                                     max_new_tokens=6, gamma=3),
+    files = tiny_files(tmp_path_factory.mktemp("hardening-bench"), tiny_dirs, max_new_tokens=6, gamma=3)
+    root = files["root"]
+    return {**files,
             "small": write_manifest(root, 2, 2),  # 2 samples x 2 turns: 8 records with ar,m
-            "medium": write_manifest(root, 12, 1),  # 24 records with ar,m: time enough for a signal to land
-            "long": write_manifest(root, 500, 1)}  # enough work to still be running when it is interrupted
+            "medium": write_manifest(root, 12, 1)}  # 24 records with ar,m: time enough for a signal to land
 
 
 def bench(files: dict, *args: str):
@@ -69,14 +64,6 @@ def keys(path: Path) -> list[tuple]:
 def no_traceback(result) -> None:
     """The error was mapped to its exit code, not raised (under CliRunner an unmapped one lands in ``exception``)."""
     assert "Traceback" not in result.stderr and isinstance(result.exception, SystemExit), result.exception
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(api, "load_model", refuse)
 
 
 # --------------------------------------------------------------------------- 1. a full disk
@@ -153,31 +140,6 @@ def wait_for_records(process: subprocess.Popen, out: Path, n: int, timeout: floa
     raise AssertionError(f"no {n} records from the first run (exit code {process.poll()})")
 
 
-def test_a_second_writer_of_the_same_out_is_refused_naming_the_first(files, tmp_path):
-    out = tmp_path / "shared.jsonl"
-    args = ["bench", files["long"], "--drafters", "ar,m", "--out", str(out), "--profile", files["profile"],
-            "--no-warmup", "--format", "json"]
-    first = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=SUBPROCESS_ENV,
-                             preexec_fn=interruptible)
-    try:
-        wait_for_records(first, out, 1)
-        second = subprocess.run(CLI + args + ["--resume"], capture_output=True, text=True, timeout=120,
-                                env=SUBPROCESS_ENV)
-        first_was_running = first.poll() is None
-    finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(timeout=60)
-    assert second.returncode == 2, second.stderr
-    assert first_was_running, "the first run ended before the second was refused"
-    assert second.stdout == "" and "Traceback" not in second.stderr
-    [line] = second.stderr.splitlines()
-    assert line == (f"error: --out {out} is being written by another process (PID {first.pid}); let it finish "
-                    f"or stop it, then continue the file with --resume, or choose another --out")
-    found = keys(out)
-    assert found and len(found) == len(set(found))
-    assert not Path(f"{out}.lock").exists()  # the first run removed it as it ended
-
-
 def test_the_lock_refuses_before_any_model_loads_and_is_released(files, tmp_path, no_model_loading):
     out = tmp_path / "locked.jsonl"
     holder = records_mod.ResultsFile.open(out, False, {})
@@ -203,7 +165,11 @@ def test_a_lock_file_left_by_a_killed_run_is_taken_over(tmp_path):
 # --------------------------------------------------------------------------- 3. Ctrl-C
 
 
-def test_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
+def test_a_running_bench_refuses_a_second_writer_and_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
+    """One real bench process (Ctrl-C needs one; starting it costs most of this test). While it runs, a second
+    writer of its --out (this process) is refused in one line naming its PID (section 2); then Ctrl-C stops it
+    with one line saying what is saved and the command that continues, and that command finishes the file
+    with every record once."""
     out = tmp_path / "interrupted.jsonl"
     # 48 new tokens a turn (the profile says 6): on a loaded machine the run must not end before the signal lands
     args = ["bench", files["medium"], "--drafters", "ar,m", "--profile", files["profile"], "--out", str(out),
@@ -211,14 +177,30 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(files, tmp_path):
     process = subprocess.Popen(CLI + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                preexec_fn=interruptible,
                                env=SUBPROCESS_ENV)
-    wait_for_records(process, out, 1)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        wait_for_records(process, out, 1)
+        second = runner.invoke(app, [*args, "--resume"])
+        first_was_running = process.poll() is None
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert first_was_running, "the first run ended before the second was refused"
+    assert second.exit_code == 2 and second.stdout == "", (second.exit_code, second.stdout, second.stderr)
+    assert second.stderr.splitlines() == [
+        f"error: --out {out} is being written by another process (PID {process.pid}); let it finish "
+        f"or stop it, then continue the file with --resume, or choose another --out"]
+
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     [line] = stderr.splitlines()
-    saved = len(keys(out))
+    found = keys(out)
+    saved = len(found)
     assert 1 <= saved < 24, "the run finished before it could be interrupted"
+    assert len(set(found)) == saved
+    assert not Path(f"{out}.lock").exists()  # the interrupted run removed its lock as it ended
     command = shlex.join(["mmspec", *args, "--resume"])  # the options in --help order, as typed here
     noun = "1 record is" if saved == 1 else f"{saved} records are"
     assert line == f"interrupted: {noun} saved in {out}; to continue, run: {command}"

@@ -31,7 +31,7 @@ from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 
 from tests import helpers
-from tests.helpers import save_images, write_profile
+from tests.helpers import save_images, tiny_files, write_profile
 
 # these commands may print their results before the error line, and nothing here shows loading bars
 assert_one_line_error = partial(helpers.assert_one_line_error, stdout_allowed=True, loading_bars=False)
@@ -44,12 +44,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("hardening")
-    return {
-        "root": root,
-        "images": save_images(root, 1),
-        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=4),
-    }
+    return tiny_files(tmp_path_factory.mktemp("hardening"), tiny_dirs, images=1, max_new_tokens=4)
 
 
 # --------------------------------------------------------------------------- 1. a closed stdout

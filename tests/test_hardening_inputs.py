@@ -33,7 +33,7 @@ from mmspec_cli.models.profiles import MAX_SEED, _show, apply_overrides, load_pr
 from mmspec_cli.models.prompts import process, render_prompt
 
 from tests.conftest import load
-from tests.helpers import assert_one_line_error, save_images, write_profile
+from tests.helpers import assert_one_line_error, save_images, tiny_files, write_profile
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = "what is in the image?"
@@ -45,13 +45,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("hardening")
-    return {
-        "root": root,
-        "images": save_images(root, 1),
-        "profile": write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
-                                 max_new_tokens=MAX_NEW),
-    }
+    return tiny_files(tmp_path_factory.mktemp("hardening"), tiny_dirs, images=1, max_new_tokens=MAX_NEW)
 
 
 def cli(*args: str):

@@ -27,9 +27,8 @@ from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt
+from tests.helpers import FOLLOW_UP, QUESTION, decode
 
-QUESTION = "what is in the image?"
-FOLLOW_UP = "and how many shapes are there?"
 MAX_NEW = 16
 FAMILIES = {
     "next": (tiny.make_next_model, tiny.make_next_processor, "LlavaNextForConditionalGeneration"),
@@ -96,13 +95,6 @@ def refs(families):
             for family, models in families.items() for n in (0, 1, 2)}
 
 
-def decode(models, drafter, gamma, n_images=1, draft="draft", questions=(QUESTION,)):
-    target = models["target"]
-    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, models[draft]), gamma=gamma,
-                                 max_new_tokens=MAX_NEW)
-    return decoder.generate(tiny.images(n_images), list(questions))
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_pair_is_what_it_claims(families, family):
     target, draft = families[family]["target"], families[family]["draft"]
@@ -115,8 +107,14 @@ def test_the_pair_is_what_it_claims(families, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("draft", ["draft", "plain"])
-def test_check_compatible_passes(families, family, draft):
-    check_compatible(families[family]["target"], families[family][draft])
+def test_check_compatible_passes(families, tiny_models, family, draft):
+    """A NeXT or OneVision target and a LLaVA-1.5 draft pass when they share the tokenizer, though their
+    processors differ; the same target with a draft of another tokenizer is refused, so passing means something."""
+    target = families[family]["target"]
+    assert type(target.processor) is not type(families[family][draft].processor)
+    assert check_compatible(target, families[family][draft]) is None
+    with pytest.raises(ModelLoadError, match="target and draft tokenizers differ"):
+        check_compatible(target, tiny_models["other_tokenizer"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -138,7 +136,9 @@ def test_each_model_expands_the_images_its_own_way(families, family):
 @pytest.mark.parametrize("gamma", [1, 3])
 @pytest.mark.parametrize("n_images", [0, 1, 2])
 def test_greedy_equals_target_generate(families, refs, family, drafter, gamma, n_images):
-    turn = decode(families[family], drafter, gamma, n_images).turns[0]
+    models = families[family]
+    turn = decode(models["target"], drafter, models["draft"], gamma=gamma, n_images=n_images,
+                  max_new_tokens=MAX_NEW).turns[0]
     assert turn.token_ids == refs[family, n_images]
     if drafter == "m" and gamma == 3:
         assert 0.0 < turn.stats.acceptance_rate < 1.0  # both paths taken: accepted and rejected drafts
@@ -147,13 +147,15 @@ def test_greedy_equals_target_generate(families, refs, family, drafter, gamma, n
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("drafter", ["m", "t", "tabed"])
 def test_an_unrelated_llava15_draft_is_still_lossless(families, refs, family, drafter):
-    assert decode(families[family], drafter, 3, draft="plain").turns[0].token_ids == refs[family, 1]
+    models = families[family]
+    turn = decode(models["target"], drafter, models["plain"], max_new_tokens=MAX_NEW).turns[0]
+    assert turn.token_ids == refs[family, 1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_turns_equal_generate(families, family):
-    target = families[family]["target"]
-    first, second = decode(families[family], "mt", 3, questions=(QUESTION, FOLLOW_UP)).turns
+    target, draft = families[family]["target"], families[family]["draft"]
+    first, second = decode(target, "mt", draft, max_new_tokens=MAX_NEW, questions=(QUESTION, FOLLOW_UP)).turns
     assert first.token_ids == reference(target, [QUESTION], [], tiny.images(1))
     assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], tiny.images(1))
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -19,10 +17,9 @@ from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.sampling import TokenPicker
 
 from tests.conftest import load
-from tests.helpers import save_images, write_profile
-from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
-from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.helpers import FOLLOW_UP, QUESTION, assert_one_line_error, decode, save_images, write_profile
+from tests.test_engine_greedy import reference
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 LAYERS = 4
 
@@ -37,21 +34,15 @@ def deep(tmp_path_factory, tiny_dirs):
     return load(path, "target")
 
 
-def decode(target, layer, gamma=3, n_images=1, questions=(QUESTION,), max_new_tokens=24, **kwargs):
-    decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=layer), gamma=gamma,
-                                 max_new_tokens=max_new_tokens, **kwargs)
-    return decoder, decoder.generate(tiny.images(n_images), list(questions))
-
-
 @pytest.mark.parametrize("layer", [1, 2, 3])
 @pytest.mark.parametrize("gamma, n_images", [(1, 1), (3, 0), (3, 2), (5, 1)])
 def test_greedy_equals_target_generate(deep, layer, gamma, n_images):
-    _, generation = decode(deep, layer, gamma=gamma, n_images=n_images)
+    generation = decode(deep, "ssd", build=dict(ssd_layer=layer), gamma=gamma, n_images=n_images)
     assert generation.turns[0].token_ids == reference(deep, [QUESTION], [], n_images)
 
 
 def test_two_turns_equal_target_generate(deep):
-    _, generation = decode(deep, 2, questions=(QUESTION, FOLLOW_UP))
+    generation = decode(deep, "ssd", build=dict(ssd_layer=2), questions=(QUESTION, FOLLOW_UP))
     first = generation.turns[0]
     assert first.token_ids == reference(deep, [QUESTION], [], 1)
     assert generation.turns[1].token_ids == reference(deep, [QUESTION, FOLLOW_UP], [first.text], 1)
@@ -97,20 +88,19 @@ def test_no_second_model_in_memory(deep):
     assert drafter.decoder.layers[1] is deep.model.get_decoder().layers[1]
 
 
-def test_sampled_pairs_follow_the_target_distribution(tiny_models):
-    target = tiny_models["target"]  # 2 layers: the draft is layer 0 + norm + head
-    joint = exact_joint(target)
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint):
+    """ssd at layer 1 of the 2-layer tiny target (layer 0 + norm + head drafts), chains of γ = 2: ENGINE_RUNS
+    runs against the target's exact distribution (tests/test_engine_sampling.py says how).
+
+    What it can detect (measured when it was written, same seeds): handing the rule the draft's q rows in
+    reverse order gives p ≈ 6e-20; the target's p rows shifted by one, or accepting every draft token, p ≈ 0."""
+    target = tiny_models["target"]
     decoder = SpeculativeDecoder(target, build_drafter("ssd", target, None, ssd_layer=1), gamma=2, max_new_tokens=3,
                                  sampling=PARAMS)
-    counts: Counter = Counter()
-    accepted = 0
-    for seed in range(RUNS):
-        decoder.seed = seed
-        turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
-        counts[tuple(turn.token_ids[:2])] += 1
-        accepted += turn.stats.accepted
-    assert accepted > 0  # the draft is right sometimes, so the acceptance branch is exercised
-    assert chi_square_p_value(counts, joint, RUNS) > 1e-3
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    # the draft is right sometimes and wrong sometimes, so both branches of the rule are exercised
+    assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 def test_layer_outside_the_range_is_refused(deep):

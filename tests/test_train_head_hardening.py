@@ -28,7 +28,7 @@ from mmspec_cli.training.run import TrainHeadSettings, train_head
 from mmspec_cli.training.trainer import CtrlC, TrainingInterrupted
 
 from tests import tiny
-from tests.helpers import assert_one_line_error, save_images, write_profile
+from tests.helpers import assert_one_line_error, tiny_files, write_profile
 
 runner = CliRunner()
 QUESTIONS = ["what is in the image?", "describe the picture in detail", "how many shapes are there?"]
@@ -38,12 +38,11 @@ ANSWERS = AnswerSettings(temperature=1.0, max_new_tokens=6, suffix="", seed=0, b
 @pytest.fixture(scope="module")
 def files(tiny_dirs, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("hardening")
-    images = save_images(root, 2)
+    files = tiny_files(root, tiny_dirs, max_new_tokens=8)
     manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps({"id": f"s{i}", "images": [Path(images[i % 2]).name], "turns": [q],
-                                            "category": "demo"}) + "\n" for i, q in enumerate(QUESTIONS)))
-    profile = write_profile(root / "tiny.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=8)
-    return {"root": root, "manifest": str(manifest), "profile": profile, "images": images}
+    manifest.write_text("".join(json.dumps({"id": f"s{i}", "images": [Path(files["images"][i % 2]).name],
+                                            "turns": [q], "category": "demo"}) + "\n" for i, q in enumerate(QUESTIONS)))
+    return {**files, "manifest": str(manifest)}
 
 
 def command(files, out, *args: str, kind: str = "eagle", source: str | None = None) -> list[str]:

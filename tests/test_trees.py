@@ -23,7 +23,7 @@ from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
 from tests.helpers import save_images, write_profile
 from tests.helpers import assert_one_line_error
 from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
-from tests.test_engine_sampling import PARAMS, RUNS, chi_square_p_value, exact_joint
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 BRANCHES = [[50, 60, 70], [80, 90, 100], [110, 120, 130]]
 
@@ -117,20 +117,21 @@ def test_trees_raise_block_efficiency_over_chains(tiny_models):
     assert tau[1] <= tau[2] <= tau[3] and tau[1] < tau[3]
 
 
-@pytest.mark.parametrize("drafter, draft", [("m", "perturbed"), ("tabed", "perturbed")])
-def test_sampled_pairs_follow_the_target_distribution(tiny_models, drafter, draft):
+def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint):
+    """tabed (m and t mixed) drafting trees of width 2 and γ = 2: ENGINE_RUNS runs against the target's exact
+    distribution (tests/test_engine_sampling.py says how); the rule is tested alone in test_tree_verify.py.
+
+    What it can detect (measured when it was written, same seeds): handing the rule each branch's q rows for
+    the other branch's gives p ≈ 5e-6; keeping the first branch whole p ≈ 0."""
     target = tiny_models["target"]
-    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models[draft]), gamma=2,
+    decoder = SpeculativeDecoder(target, build_drafter("tabed", target, tiny_models["perturbed"]), gamma=2,
                                  max_new_tokens=3, sampling=PARAMS, tree_width=2)
-    counts: Counter = Counter()
-    branches_taken = Counter()
-    for seed in range(RUNS):
-        decoder.seed = seed
-        turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
-        counts[tuple(turn.token_ids[:2])] += 1
-        branches_taken[turn.blocks[0].tree.index(turn.blocks[0].draft) if turn.blocks[0].accepted else -1] += 1
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    first_blocks = [turn.blocks[0] for turn in turns]
+    branches_taken = Counter(b.tree.index(b.draft) if b.accepted else -1 for b in first_blocks)
     assert branches_taken[1] > 0  # the second branch was accepted sometimes: the recursive step is exercised
-    assert chi_square_p_value(counts, exact_joint(target), RUNS) > 1e-3
+    assert branches_taken[-1] > 0 and {b.accepted for b in first_blocks} == {0, 1, 2}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
 
 
 def test_width_and_model_checks():

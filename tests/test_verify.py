@@ -1,9 +1,20 @@
-"""The verification maths on hand-made distributions (no models)."""
+"""The verification maths on hand-made distributions (no models).
 
+The chain rule's distribution test runs the pure function on 200,000 blocks at once
+(:func:`~mmspec_cli.decoding.verify.verify_sampling_batch`, the code the engine's one-block call runs):
+the block's emitted tokens, completed to a fixed length by drawing from the target, must follow the
+target's exact joint distribution; the same test with a deliberately wrong rule must fail at p < 1e-6.
+"""
+
+import pytest
 import torch
 
+from mmspec_cli.decoding import verify
 from mmspec_cli.decoding.sampling import SamplingParams, probabilities
-from mmspec_cli.decoding.verify import residual_distribution, verify_greedy, verify_sampling
+from mmspec_cli.decoding.verify import (draw_rows, residual_distribution, verify_greedy, verify_sampling,
+                                        verify_sampling_batch)
+from mmspec_cli.drafters.weights import mixture
+from tests.distributions import ToyModel
 
 V = 5
 
@@ -66,20 +77,84 @@ def test_sampling_always_rejects_tokens_the_target_cannot_emit():
         assert verdict.accepted == 0 and verdict.next_token in (1, 2)
 
 
-def test_first_emitted_token_follows_the_target_distribution():
-    """One draft token: the emitted first token must be distributed as p, whatever q is."""
-    g = torch.Generator().manual_seed(1)
-    p = torch.tensor([0.1, 0.4, 0.3, 0.15, 0.05], dtype=torch.float64)
-    q = torch.tensor([0.5, 0.1, 0.1, 0.1, 0.2], dtype=torch.float64)
-    n = 20000
-    counts = torch.zeros(V, dtype=torch.float64)
-    for _ in range(n):
-        y = int(torch.multinomial(q, 1, generator=g))
-        verdict = verify_sampling(torch.tensor([y]), q[None], torch.stack([p, p]), g)
-        counts[y if verdict.accepted else verdict.next_token] += 1
-    assert (counts / n - p).abs().sum() / 2 < 0.015
-    # a rule that always accepted would show q instead, far beyond the bound
-    assert (q - p).abs().sum() / 2 > 0.3
+# --------------------------------------------------------------------------- the chain rule's distribution
+
+DRAWS = 200_000  # blocks per test, in one call; a wrong rule below fails by orders of magnitude past 1e-6
+
+
+def target_and_draft(gamma: int) -> tuple[ToyModel, ToyModel]:
+    """Random next-token models over 5 tokens for γ + 1 positions: the target never gives token 4,
+    the draft never proposes token 0 (so both the accept test and the residual meet zeros)."""
+    return ToyModel(V, gamma + 1, seed=10 + gamma, zero=V - 1), ToyModel(V, gamma + 1, seed=20 + gamma, zero=0)
+
+
+def chain_sequences(rule, target: ToyModel, draft: ToyModel, gamma: int, proposal: ToyModel | None = None,
+                    seed: int = 0) -> torch.Tensor:
+    """DRAWS blocks: γ tokens drawn from ``draft``, judged by ``rule`` given q from ``proposal`` (default: the
+    draft itself, the right q), and what the block emits completed to γ + 1 tokens from the target: (DRAWS, γ + 1)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, q = draft.draft(DRAWS, gamma, g)
+    if proposal is not None:
+        q = proposal.along(tokens)[:, :gamma]
+    accepted, next_token = rule(tokens, q, target.along(tokens), g)
+    return target.finish(tokens, accepted, next_token, g)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_the_chain_rule_keeps_the_target_distribution(gamma):
+    target, draft = target_and_draft(gamma)
+    sequences = chain_sequences(verify_sampling_batch, target, draft, gamma)
+    assert target.p_value(sequences) > 1e-3
+
+
+def accept_everything(tokens, q, p, generator):
+    """Wrong: every draft token is kept and the bonus drawn, so the output follows the draft."""
+    return torch.full((len(tokens),), tokens.shape[1]), draw_rows(p[:, -1], generator)
+
+
+@pytest.mark.parametrize("wrong", ["accept every draft token", "resample from p after a rejection"])
+def test_a_wrong_chain_rule_fails_the_distribution_test(wrong, monkeypatch):
+    """The test above can fail: each wrong rule gives p < 1e-6 (about 0 with these draws)."""
+    target, draft = target_and_draft(2)
+    rule = verify_sampling_batch
+    if wrong == "accept every draft token":
+        rule = accept_everything
+    else:  # p instead of norm(max(0, p − q)): the rejected region is drawn again, too often
+        monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
+    assert target.p_value(chain_sequences(rule, target, draft, 2)) < 1e-6
+
+
+class Mixture(ToyModel):
+    """An ensemble's draft: q_w = Σ_k w_k q_k of member models, mixed by the engine's own :func:`mixture`."""
+
+    def __init__(self, members: list[ToyModel], weights: list[float]):
+        self.members, self.weights = members, torch.tensor(weights, dtype=torch.float64)
+        self.vocab, self.length = members[0].vocab, members[0].length
+
+    def probs(self, prefixes: torch.Tensor) -> torch.Tensor:
+        return mixture(torch.stack([m.probs(prefixes) for m in self.members], dim=-2), self.weights)
+
+
+def test_an_ensemble_keeps_the_target_distribution_only_when_verified_with_the_mixture():
+    """Tokens drawn from the mixture: q = the mixture keeps p; q = one member's (the draft's own q) must fail."""
+    target, member = target_and_draft(2)
+    ensemble = Mixture([member, ToyModel(V, 3, seed=30)], [0.4, 0.6])
+    assert target.p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2)) > 1e-3
+    assert target.p_value(chain_sequences(verify_sampling_batch, target, ensemble, 2, proposal=member)) < 1e-6
+
+
+def test_one_block_is_the_batched_rule_with_one_row():
+    """The engine's one-block call draws what the batched rule draws for that block, from the same generator."""
+    target, draft = target_and_draft(3)
+    g = torch.Generator().manual_seed(5)
+    tokens, q = draft.draft(40, 3, g)
+    p = target.along(tokens)
+    for i in range(40):
+        one, batch = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        verdict = verify_sampling(tokens[i], q[i], p[i], one)
+        accepted, next_token = verify_sampling_batch(tokens[i:i + 1], q[i:i + 1], p[i:i + 1], batch)
+        assert (verdict.accepted, verdict.next_token) == (int(accepted[0]), int(next_token[0]))
+        assert torch.equal(one.get_state(), batch.get_state())
 
 
 def test_top_k_and_top_p_shape_the_distribution():

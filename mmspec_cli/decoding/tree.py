@@ -1,12 +1,13 @@
 """Token trees: their shape (:class:`TreeTopology`), and a tree fed into a KV cache (:class:`PendingTree`).
 
-Every node number in mmspec is made and read here; the engine, the drafters and the caches
-only pass node lists around.
+A tree's node numbers, the target's rows (``[root] + nodes``) and a cache's fed numbers are
+made here; the drafting loops (``drafters/tree_drafting.py``) map a dynamic tree's nodes to the
+fed numbers of the draft's cache (docs/ARCHITECTURE.md, "The tree topology").
 
 **Topology.** A block's draft tree hangs off the *root*, the last verified token. Node ``i``
 holds one drafted token and has a parent: an earlier node, or -1 for the root. The drafters
 number nodes level by level (every node of depth 0, then of depth 1, ...), which is also the
-order they feed them. A width-d tree (TABED §6.1) is one constructor: d chains of γ tokens,
+order a width tree is fed in. A width-d tree (TABED §6.1) is one constructor: d chains of γ tokens,
 node ``s·d + j`` being token ``s`` of branch ``j``. Any parent array whose parents come before
 their children is a topology (EAGLE-2's dynamic trees change shape every block).
 
@@ -241,8 +242,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class PendingTree:
     """Tree nodes fed into a cache after ``base`` settled positions and not settled yet.
 
-    Nodes are numbered in the order they are fed; a drafter feeds a :class:`TreeTopology`
-    level by level, so its node numbers are the topology's.
+    Nodes are numbered in the order they are fed. A width tree is fed level by level in node
+    order, so these are its node numbers; a dynamic tree feeds only the nodes it expands, and the
+    drafting loop maps its nodes to these numbers (``TreeDrafting._fed``).
     """
 
     def __init__(self, base: int):

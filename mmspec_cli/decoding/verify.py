@@ -12,6 +12,10 @@ p_{γ+1}. The emitted sequence is then distributed exactly as the target's own s
 Token trees (several branches per block, TABED §6.1): greedy follows the one branch that
 starts with the target's argmax; sampling settles the branches' distinct first tokens by
 recursive rejection sampling without replacement (Jeon et al. 2024), then the chain rule.
+
+Each sampling rule is written once, for N blocks at a time (``*_batch``: the tests run 10^5 blocks
+in one call); the one-block form the engine calls is that code with N = 1, and draws the same
+random numbers in the same order as a loop over one block would.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec_cli.decoding.sampling import sample
 
 
 @dataclass(frozen=True)
@@ -48,33 +51,58 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, excess / mass.clamp_min(torch.finfo(excess.dtype).tiny), p)
 
 
+def draw_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token id from each row of ``probs`` (N, V), using ``generator`` (a CPU generator): (N,).
+
+    For N = 1 it draws exactly as :func:`~mmspec_cli.decoding.sampling.sample` does on that row."""
+    return torch.multinomial(probs.detach().to("cpu", torch.float64), 1, generator=generator).squeeze(-1)
+
+
 def verify_sampling(
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     generator: torch.Generator,
 ) -> Verdict:
-    """Speculative rejection sampling.
+    """Speculative rejection sampling of one block: :func:`verify_sampling_batch` with N = 1.
 
-    draft_tokens: (γ,); draft_probs: (γ, V), row i the distribution token i was drawn from;
+    draft_tokens: (γ,); draft_probs: (γ, V), row i the distribution token i was drawn from (None when γ = 0);
     target_probs: (γ+1, V), already shaped by the same temperature/top-k/top-p.
     ``generator`` is a CPU generator; all draws are made on the CPU so seeded runs repeat.
     """
-    gamma = draft_tokens.shape[0]
-    p = target_probs.detach().to("cpu", torch.float64)  # (γ+1, V)
-    q = draft_probs.detach().to("cpu", torch.float64) if gamma else p[:0]  # (γ, V)
-    tokens = draft_tokens.to("cpu")
-    rows = torch.arange(gamma)
-    p_draft = p[rows, tokens]  # (γ,)
-    q_draft = q[rows, tokens]  # (γ,)
-    uniforms = torch.rand(gamma, generator=generator, dtype=torch.float64)  # (γ,)
+    accepted, next_token = verify_sampling_batch(
+        draft_tokens[None], None if draft_probs is None else draft_probs[None], target_probs[None], generator)
+    return Verdict(accepted=int(accepted[0]), next_token=int(next_token[0]))
+
+
+def verify_sampling_batch(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling of N independent blocks.
+
+    draft_tokens: (N, γ); draft_probs: (N, γ, V) (None when γ = 0); target_probs: (N, γ+1, V).
+    Returns (accepted (N,), next_token (N,)). Draws: N·γ uniforms, then one token per block.
+    """
+    n, gamma = draft_tokens.shape
+    p = target_probs.detach().to("cpu", torch.float64)  # (N, γ+1, V)
+    q = draft_probs.detach().to("cpu", torch.float64) if gamma else p[:, :0]  # (N, γ, V)
+    tokens = draft_tokens.to("cpu")[..., None]  # (N, γ, 1)
+    p_draft = p[:, :gamma].gather(-1, tokens).squeeze(-1)  # (N, γ)
+    q_draft = q.gather(-1, tokens).squeeze(-1)  # (N, γ)
+    uniforms = torch.rand(n, gamma, generator=generator, dtype=torch.float64)  # (N, γ)
     # accept iff u < p/q, written without division; q(y) > 0 because y was drawn from q
     accept = uniforms * q_draft < p_draft
-    for i in range(gamma):
-        if not bool(accept[i]):
-            fallback = residual_distribution(p[i], q[i])
-            return Verdict(accepted=i, next_token=sample(fallback, generator))
-    return Verdict(accepted=gamma, next_token=sample(p[gamma], generator))
+    accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # (N,): the first rejection, or γ
+    blocks = torch.arange(n)
+    fallback = p[blocks, accepted]  # (N, V): the bonus row p_{γ+1} after a full accept
+    rejected = accepted < gamma
+    if bool(rejected.any()):
+        at = accepted[rejected]
+        fallback[rejected] = residual_distribution(p[blocks[rejected], at], q[blocks[rejected], at])
+    return accepted, draw_rows(fallback, generator)
 
 
 # --------------------------------------------------------------------------- token trees
@@ -114,50 +142,98 @@ def verify_tree_greedy(branches: torch.Tensor, root_logits: torch.Tensor, branch
 
 def recursive_rejection(candidates: Sequence[int], q: torch.Tensor, p: torch.Tensor,
                         generator: torch.Generator) -> tuple[int | None, torch.Tensor]:
+    """Recursive rejection sampling of one root: :func:`recursive_rejection_batch` with N = 1.
+
+    candidates: x_1..x_k in draw order; q, p: (V,). Returns (index of the accepted candidate or None,
+    the residual (V,) to draw from when None).
+    """
+    index, residual = recursive_rejection_batch(torch.tensor([list(candidates)], dtype=torch.long).reshape(1, -1),
+                                                q[None], p[None], generator)
+    return (None if int(index[0]) < 0 else int(index[0])), residual[0]
+
+
+def drop_candidate(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """q (n, V) with token x[r] removed from row r and the row renormalised: what the next candidate drawn
+    without replacement was drawn from (a row whose mass is gone stays all zero)."""
+    q = q.clone()
+    q[torch.arange(len(x)), x] = 0.0
+    mass = q.sum(dim=-1, keepdim=True)
+    return q / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+
+def recursive_rejection_batch(candidates: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection sampling over candidates drawn WITHOUT replacement (RRSw; Jeon et al. 2024,
     "Recursive Speculative Decoding", Alg. 2; the multi-candidate rule of SpecInfer, Miao et al. 2023 §4,
     with the proposal renormalised after each rejection, as in Yang et al. 2024 "Multi-Candidate
-    Speculative Decoding").
+    Speculative Decoding"), for N independent roots.
 
-    candidates: x_1..x_k in the order they were drawn from q without replacement; q, p: (V,).
-    With p_1 = p and q_1 = q: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); on rejection
-    p_{i+1} = norm(max(0, p_i − q_i)) and q_{i+1} = q_i with x_i removed and renormalised (the
-    distribution x_{i+1} was drawn from). Each step is the single-draft rule for target p_i
-    and proposal q_i, so what comes out (the accepted x_i, or a draw from p_{k+1}) is
+    candidates: (N, k), row r's x_1..x_k in the order they were drawn from q[r] without replacement;
+    q, p: (N, V). With p_1 = p and q_1 = q: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); on
+    rejection p_{i+1} = norm(max(0, p_i − q_i)) and q_{i+1} = q_i with x_i removed and renormalised (the
+    distribution x_{i+1} was drawn from, :func:`drop_candidate`). Each step is the single-draft rule for
+    target p_i and proposal q_i, so what comes out (the accepted x_i, or a draw from p_{k+1}) is
     distributed as p_i, and by induction as p.
-    Returns (index of the accepted candidate or None, the residual to draw from when None).
+    Returns (index of the accepted candidate, −1 where none was, (N,); the residual to draw from then, (N, V)).
+    Draws: one uniform per candidate tried, for the undecided roots in row order.
     """
-    p_i = p.detach().to("cpu", torch.float64)
-    q_i = q.detach().to("cpu", torch.float64)
-    for index, x in enumerate(candidates):
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        if u * float(q_i[x]) < float(p_i[x]):
-            return index, p_i
-        p_i = residual_distribution(p_i, q_i)
-        q_i = q_i.clone()
-        q_i[x] = 0.0
-        mass = q_i.sum()
-        q_i = q_i / mass if mass > 0 else q_i
-    return None, p_i
+    p_i = p.detach().to("cpu", torch.float64).clone()
+    q_i = q.detach().to("cpu", torch.float64).clone()
+    candidates = candidates.to("cpu")
+    index = torch.full((candidates.shape[0],), -1, dtype=torch.long)
+    for i in range(candidates.shape[1]):
+        rows = (index < 0).nonzero().flatten()  # roots still undecided
+        if not len(rows):
+            break
+        x = candidates[rows, i]
+        u = torch.rand(len(rows), generator=generator, dtype=torch.float64)
+        accept = u * q_i[rows, x] < p_i[rows, x]
+        index[rows[accept]] = i
+        rejected = rows[~accept]
+        p_i[rejected] = residual_distribution(p_i[rejected], q_i[rejected])
+        q_i[rejected] = drop_candidate(q_i[rejected], x[~accept])
+    return index, p_i
 
 
 def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
                          branch_probs: torch.Tensor, generator: torch.Generator) -> TreeVerdict:
-    """Multi-draft speculative sampling over a tree whose only fork is the root.
+    """Multi-draft speculative sampling of one tree: :func:`verify_tree_sampling_batch` with N = 1.
 
-    branches: (d, γ), first tokens drawn from q_root without replacement, in draw order;
-    draft_probs: (d, γ, V), [j, t] the distribution token t of branch j was drawn from (all
-    [j, 0] equal q_root); root_probs: (V,) and branch_probs: (d, γ, V), the target's p, shaped
-    like q. The root is settled by :func:`recursive_rejection`; after accepting branch j's
-    first token, the rest of branch j is a chain and goes through :func:`verify_sampling`.
-    Both keep the target's distribution, so the emitted tokens follow the target's own sampling.
+    branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V).
     """
-    firsts = branches[:, 0].tolist()
-    index, residual = recursive_rejection(firsts, draft_probs[0, 0], root_probs, generator)
-    if index is None:
-        return TreeVerdict(branch=0, accepted=0, next_token=sample(residual, generator))
-    rest = verify_sampling(branches[index, 1:], draft_probs[index, 1:], branch_probs[index], generator)
-    return TreeVerdict(branch=index, accepted=1 + rest.accepted, next_token=rest.next_token)
+    branch, accepted, next_token = verify_tree_sampling_batch(branches[None], draft_probs[None], root_probs[None],
+                                                              branch_probs[None], generator)
+    return TreeVerdict(branch=int(branch[0]), accepted=int(accepted[0]), next_token=int(next_token[0]))
+
+
+def verify_tree_sampling_batch(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
+                               branch_probs: torch.Tensor,
+                               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-draft speculative sampling over N trees whose only fork is the root.
+
+    branches: (N, d, γ), first tokens drawn from q_root without replacement, in draw order;
+    draft_probs: (N, d, γ, V), [r, j, t] the distribution token t of branch j was drawn from (all
+    [r, j, 0] equal q_root); root_probs: (N, V) and branch_probs: (N, d, γ, V), the target's p, shaped
+    like q. The root is settled by :func:`recursive_rejection_batch`; after accepting branch j's
+    first token, the rest of branch j is a chain and goes through :func:`verify_sampling_batch`.
+    Both keep the target's distribution, so the emitted tokens follow the target's own sampling.
+    Returns (branch followed, 0 when no first token was accepted; accepted tokens; next token), each (N,).
+    """
+    index, residual = recursive_rejection_batch(branches[:, :, 0], draft_probs[:, 0, 0], root_probs, generator)
+    n = branches.shape[0]
+    accepted = torch.zeros(n, dtype=torch.long)
+    next_token = torch.zeros(n, dtype=torch.long)
+    none = index < 0
+    if bool(none.any()):
+        next_token[none] = draw_rows(residual[none], generator)
+    chosen = (~none).nonzero().flatten()
+    if len(chosen):
+        j = index[chosen]
+        rest, after = verify_sampling_batch(branches[chosen, j, 1:], draft_probs[chosen, j, 1:],
+                                            branch_probs[chosen, j], generator)
+        accepted[chosen] = 1 + rest
+        next_token[chosen] = after
+    return index.clamp_min(0), accepted, next_token
 
 
 # --------------------------------------------------------------------------- trees of any shape (EAGLE-2)
@@ -202,28 +278,64 @@ def verify_any_tree_greedy(parents: Sequence[int], tokens: Sequence[int], logits
 
 def verify_any_tree_sampling(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
                              target_probs: torch.Tensor, generator: torch.Generator) -> PathVerdict:
-    """Sampling with deterministic candidates (EAGLE-2; Li et al. 2024; the multi-draft rule with q a point mass).
+    """Sampling with deterministic candidates for one tree: :func:`verify_any_tree_sampling_batch` with N = 1.
 
-    At each accepted row, its children are tried in descending draft ``scores`` (per row): child x
-    is accepted with probability p(x) under the current p; on rejection p(x) is set to 0 and p
-    renormalised, and the next child is tried. If every child is rejected, the next token is drawn
-    from what remains of p. Each step is the single-draft rule with q = a point mass on x (accept
-    with min(1, p(x)/1), residual norm(max(0, p − δ_x))), so the output follows the target's p.
     target_probs: (rows, V), already shaped by temperature/top-k/top-p.
     """
-    children = _children(parents)
-    row, path = 0, []
-    while True:
-        p = target_probs[row].detach().to("cpu", torch.float64).clone()
-        accepted = None
-        for child in sorted(children[row], key=lambda c: (-scores[c], c)):
-            x = tokens[child]
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u * float(p.sum()) < float(p[x]):
-                accepted = child
-                break
-            p[x] = 0.0
-        if accepted is None:
-            return PathVerdict(path, sample(p / p.sum(), generator))
-        row = accepted
-        path.append(row)
+    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, target_probs[None], generator)
+    return PathVerdict([int(row) for row in paths[0] if row >= 0], int(next_token[0]))
+
+
+def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
+                                   target_probs: torch.Tensor,
+                                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampling with deterministic candidates (EAGLE-2; Li et al. 2024; the multi-draft rule with q a point mass),
+    for N independent verifications of one tree (parents, tokens and draft ``scores`` per row, shared).
+
+    At each accepted row, its children are tried in descending draft ``scores``: child x is accepted
+    with probability p(x) under the current p; on rejection p(x) is set to 0 and p renormalised, and
+    the next child is tried. If every child is rejected, the next token is drawn from what remains of
+    p. Each step is the single-draft rule with q = a point mass on x (accept with min(1, p(x)/1),
+    residual norm(max(0, p − δ_x))), so the output follows the target's p.
+    target_probs: (N, rows, V), already shaped by temperature/top-k/top-p.
+    Returns (the accepted rows of each verification, a path from the root's child down padded with −1,
+    (N, depth); the next token, (N,)). Draws: one uniform per child tried, then one token per verification.
+    """
+    order = [sorted(kids, key=lambda c: (-scores[c], c)) for kids in _children(parents)]
+    table = torch.full((len(parents), max(map(len, order), default=0)), -1, dtype=torch.long)  # children by score
+    for row, kids in enumerate(order):
+        table[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
+    token_of = torch.tensor(list(tokens), dtype=torch.long)
+    probs = target_probs.detach().to("cpu", torch.float64)  # (N, rows, V)
+    n = probs.shape[0]
+    row = torch.zeros(n, dtype=torch.long)
+    next_token = torch.zeros(n, dtype=torch.long)
+    live = torch.arange(n)  # verifications still walking down
+    steps: list[torch.Tensor] = []
+    while len(live):
+        p = probs[live, row[live]]  # (m, V), a copy
+        kids = table[row[live]]  # (m, width)
+        chosen = torch.full((len(live),), -1, dtype=torch.long)
+        for rank in range(kids.shape[1]):
+            trying = ((kids[:, rank] >= 0) & (chosen < 0)).nonzero().flatten()
+            if not len(trying):
+                continue
+            child = kids[trying, rank]
+            x = token_of[child]
+            u = torch.rand(len(trying), generator=generator, dtype=torch.float64)
+            accept = u * p[trying].sum(dim=-1) < p[trying, x]
+            chosen[trying[accept]] = child[accept]
+            p[trying[~accept], x[~accept]] = 0.0
+        stop = chosen < 0
+        if bool(stop.any()):
+            rest = p[stop]
+            next_token[live[stop]] = draw_rows(rest / rest.sum(dim=-1, keepdim=True), generator)
+        go = ~stop
+        if bool(go.any()):
+            step = torch.full((n,), -1, dtype=torch.long)
+            step[live[go]] = chosen[go]
+            steps.append(step)
+        row[live[go]] = chosen[go]
+        live = live[go]
+    paths = torch.stack(steps, dim=1) if steps else torch.full((n, 0), -1, dtype=torch.long)
+    return paths, next_token
