@@ -121,6 +121,28 @@ def test_a_finished_head_is_trained_again_in_place(files, tmp_path):
     assert digest(out) != first and set(digest(out)) == {"config.json", "model.safetensors"}
 
 
+def test_weights_alone_are_not_train_heads_and_are_refused(files, tmp_path):
+    out = tmp_path / "weights"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"someone's weights")
+    one_line(run(files, out), "holds files train-head did not write (model.safetensors)")
+    assert (out / "model.safetensors").read_bytes() == b"someone's weights"
+
+
+def test_answers_paths_that_cant_be_used_are_one_line(files, tmp_path):
+    one_line(run(files, tmp_path / "h", "--answers", str(Path(files["images"][0]) / "a.jsonl")),
+             "is a file, not a folder")
+    one_line(run(files, tmp_path / "h", "--answers", files["images"][0]), "is not an answers file of mmspec")
+    one_line(run(files, tmp_path / "h", "--answers", str(tmp_path)), "is a folder")
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_name_too_long_under_new_folders_leaves_none_of_them(files, tmp_path):
+    out = tmp_path / "new" / "sub" / ("y" * 241)  # the folder fits; DIR.answers.jsonl beside it does not
+    one_line(run(files, out), "the answers file beside it")
+    assert not (tmp_path / "new").exists()
+
+
 # --------------------------------------------------------------------------- full disks and long names
 
 
@@ -188,6 +210,34 @@ def test_a_full_disk_for_the_answers_cuts_back_to_whole_records(files, tiny_mode
     assert len(lines) == 1 + 2 and all(json.loads(line) for line in lines)
 
 
+@pytest.fixture
+def file_size_limit():
+    """Files of this process may grow to ``limit`` bytes (``ulimit -f``): a real write failure, and one that a
+    large checkpoint meets inside torch's zip writer (which raises its own RuntimeError over the OSError)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN  # Python ignores it: a write fails with EFBIG
+
+    def limit(size: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_checkpoint_too_large_to_write_is_one_line_and_leaves_no_folder(files, tmp_path, file_size_limit):
+    profile = load_profile(files["profile"])
+    out = tmp_path / "head"
+    answers = tmp_path / "answers.jsonl"
+    file_size_limit(64_000)  # the answers fit, the tiny head's first checkpoint (weights and AdamW state) doesn't
+    with pytest.raises(writing.WriteFailed, match="larger than this process may write .*no earlier checkpoint was "
+                                                  "written.*answers .* are kept and reused"):
+        train_head(profile, settings(out, files["manifest"], answers_file=answers), progress=False)
+    assert not out.exists()  # made by the failed checkpoint, removed again
+    assert answers.is_file()
+
+
 def test_names_too_long_are_one_line(files, tmp_path):
     long = "x" * 300
     one_line(run(files, tmp_path / long), "too long for the file system")
@@ -217,15 +267,37 @@ def test_numbers_that_cant_work_are_refused_before_loading(files, tmp_path, no_m
     assert not (tmp_path / "o").exists()
 
 
-def test_a_diverging_run_stops_in_one_line_keeping_its_last_checkpoint(files, tmp_path):
+def test_a_diverging_run_writes_no_head_and_no_unusable_checkpoint(files, tmp_path):
+    """--lr 1e30: the first update throws the weights past float16's range; nothing of it is written."""
     out = tmp_path / "head"
     args = command(files, out, "--checkpoint-every", "1")
-    i = args.index("--lr")
-    args[i + 1] = "1e30"
-    line = one_line(runner.invoke(app, args), "training stopped at step")
-    assert "the loss is nan" in line or "the loss is inf" in line
-    assert not (out / "model.safetensors").exists()  # no NaN head written
-    assert (out / "checkpoint.pt").is_file() and "checkpoint of step" in line
+    args[args.index("--lr") + 1] = "1e30"
+    line = one_line(runner.invoke(app, args), "training stopped at step 1: the weights grew past float16's range")
+    assert "no checkpoint was written" in line and "lower --lr" in line
+    assert not out.exists()
+
+
+def test_a_loss_turning_nan_stops_before_its_update_keeping_the_last_checkpoint(files, tmp_path, monkeypatch):
+    from mmspec_cli.training import passes
+
+    real = passes.HeadObjective.forward
+    calls = []
+
+    def nan_at_third_step(self, batch, generator=None):
+        loss, stats = real(self, batch, generator)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 3 else loss), stats
+
+    monkeypatch.setattr(passes.HeadObjective, "forward", nan_at_third_step)
+    profile = load_profile(files["profile"])
+    out = tmp_path / "head"
+    with pytest.raises(Exception, match="training stopped at step 3: the loss is nan .*the checkpoint of step 2 is "
+                                        "kept") as raised:
+        train_head(profile, settings(out, files["manifest"], steps=4, checkpoint_every=2), progress=False)
+    assert type(raised.value).__name__ == "TrainingDiverged"
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["head"].values())
+    assert not (out / "model.safetensors").exists()
 
 
 def test_a_head_with_nan_weights_is_refused(tiny_models, tmp_path):
@@ -362,6 +434,33 @@ def test_the_command_says_what_ctrl_c_saved_and_how_to_continue(files, tmp_path,
     assert line.startswith(f"interrupted: the checkpoint of step 7 of 9 is saved in {out}; to continue, run: "
                            f"mmspec train-head eagle")
     assert line.endswith("--resume")
+
+
+def test_ctrl_c_after_training_says_the_checkpoint_is_kept_and_resume_finishes(files, tmp_path, monkeypatch):
+    from mmspec_cli.training import acceptance
+
+    real = acceptance.measure
+    out = tmp_path / "head"
+    calls = []
+
+    def ctrl_c_after_training(*args, **kw):  # the first call measures before training, the second after it
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(acceptance, "measure", ctrl_c_after_training)
+    args = command(files, out)
+    args[args.index("--held-out") + 1] = "1"
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"interrupted: the checkpoint in {out} is kept; to continue, run: ") and line.endswith(
+        "--resume")
+    monkeypatch.setattr(acceptance, "measure", real)
+    resumed = runner.invoke(app, args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert set(digest(out)) == {"config.json", "model.safetensors"}
 
 
 def test_ctrl_c_while_answering_says_the_answers_are_kept(files, tmp_path, monkeypatch):

@@ -271,8 +271,8 @@ def _open_append(path: Path) -> tuple[int, bool]:
         raise _unwritable(path, exc) from None
 
 
-def _unwritable(path: Path, exc: OSError) -> InputError:
-    return InputError(f"--out {path} can't be written ({exc.strerror or type(exc).__name__}); "
+def _unwritable(path: Path, exc: OSError, what: str = "--out") -> InputError:
+    return InputError(f"{what} {path} can't be written ({exc.strerror or type(exc).__name__}); "
                       f"choose a writable file path")
 
 
@@ -284,8 +284,9 @@ class OutLock:
         self._fd = fd
 
     @classmethod
-    def acquire(cls, out: Path) -> "OutLock | None":
-        """The lock of ``out``, or an :class:`InputError` naming the process that holds it.
+    def acquire(cls, out: Path, what: str = "--out") -> "OutLock | None":
+        """The lock of ``out``, or an :class:`InputError` naming the process that holds it (``what``: how the
+        error line names ``out``, bench's ``--out`` or train-head's answers file).
 
         None where there is nothing to lock: no ``fcntl``, or ``out`` is not a regular file (``/dev/null``)."""
         if fcntl is None or (out.exists() and not out.is_file()):
@@ -295,7 +296,7 @@ class OutLock:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise _unwritable(out, exc) from None
+                raise _unwritable(out, exc, what) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -304,8 +305,8 @@ class OutLock:
                 holder = _read_pid(fd)
                 os.close(fd)
                 who = f"another process (PID {holder})" if holder else "another process"
-                raise InputError(f"--out {out} is being written by {who}; let it finish or stop it, then continue "
-                                 f"the file with --resume, or choose another --out") from None
+                raise InputError(f"{what} {out} is being written by {who}; let it finish or stop it, "
+                                 f"then continue the file with --resume, or choose another --out") from None
             # the lock's owner removes the file as it releases it: then we hold a lock on a removed file, try again
             try:
                 if os.path.samestat(os.fstat(fd), os.stat(path)):

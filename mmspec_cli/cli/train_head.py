@@ -111,7 +111,7 @@ def train_head(
     try:
         report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
     except KeyboardInterrupt as exc:
-        saved = getattr(exc, "saved", None)
+        saved = getattr(exc, "saved", None)  # training/run.py says what stays on disk
         if saved is None:
             typer.echo("interrupted: nothing was saved yet", err=True)
         else:  # the answers are reused by the same command; a checkpoint is continued with --resume

@@ -34,7 +34,21 @@ def reason(exc: BaseException) -> str:
     """What went wrong, in words: the disk being full is said as such."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "the disk is full"
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return "the file is larger than this process may write (ulimit -f) or the file system allows"
     return (exc.strerror if isinstance(exc, OSError) else None) or type(exc).__name__
+
+
+def os_error(exc: BaseException | None) -> OSError | None:
+    """The ``OSError`` behind ``exc``: itself, or one in its chain. torch's zip writer turns a failed write of a
+    large checkpoint into ``RuntimeError: ... unexpected pos ...``, raised while the ``OSError`` is handled."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def open_for_writing(path: Path) -> BinaryIO:
@@ -47,7 +61,8 @@ def write_atomically(files: Mapping[Path, Callable[[BinaryIO], None]]) -> None:
 
     Every temporary file is written before the first rename, so a failure leaves each file as it
     was. ``write`` writes to the handle only (``torch.save(state, handle)``, the bytes of
-    ``safetensors.torch.save``), so a failure is the handle's ``OSError``.
+    ``safetensors.torch.save``), so a failure is the handle's ``OSError`` (:func:`os_error` finds it
+    behind torch's own error).
     """
     written: list[tuple[Path, Path]] = []
     try:
@@ -61,8 +76,9 @@ def write_atomically(files: Mapping[Path, Callable[[BinaryIO], None]]) -> None:
     except BaseException as exc:  # a full disk, or Ctrl-C while writing: no temporary file stays behind
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise WriteFailed(written[-1][1], reason(exc)) from None
+        cause = os_error(exc)
+        if cause is not None:
+            raise WriteFailed(written[-1][1], reason(cause)) from None
         raise
     for tmp, path in written:
         os.replace(tmp, path)

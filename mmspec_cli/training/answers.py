@@ -45,6 +45,7 @@ from mmspec_cli.decoding.engine import check_context, eos_ids
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process, render_prompt, shorten
+from mmspec_cli.models.target_identity import canonical_name
 from mmspec_cli.training.corpus import Conversation
 from mmspec_cli.models.writing import WriteFailed, append_durably
 
@@ -101,21 +102,23 @@ class AnswerFile:
 
     def __init__(self, path: Path, settings: AnswerSettings, target: str):
         self.path = path
-        self.header = {"mmspec_answers": FORMAT, "target": target, **asdict(settings)}  # the batch size too: it
+        self.header = {"mmspec_answers": FORMAT, "target": canonical_name(target), **asdict(settings)}  # the batch size too: it
         # decides which prompts share a generator
         self.records: dict[tuple[str, int], Answer] = {}
         if path.is_file() and path.stat().st_size > 0:
             self._read()
 
     def _read(self) -> None:
-        lines = self.path.read_text(encoding="utf-8").splitlines()
         try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
             header = json.loads(lines[0])
-        except (json.JSONDecodeError, IndexError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, IndexError):
             header = None
         if not isinstance(header, dict) or header.get("mmspec_answers") != FORMAT:
             raise InputError(f"{shorten(str(self.path))} is not an answers file of mmspec train-head; "
-                             f"move it away or pick another --out")
+                             f"move it away or pick another --out (or --answers)")
+        if isinstance(header.get("target"), str):  # written as given by older versions: compare as the same target
+            header["target"] = canonical_name(header["target"])
         if header != self.header:
             diff = ", ".join(f"{k} {header.get(k)!r} (now {v!r})" for k, v in self.header.items() if header.get(k) != v)
             raise InputError(f"{shorten(str(self.path))} holds answers generated with other settings ({diff}); "

@@ -18,6 +18,7 @@ finished head or imitation network), ``checkpoint.pt`` (an unfinished training),
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -61,44 +62,73 @@ def finished_network(out: Path) -> dict[str, Any] | None:
 
 
 def foreign_entries(out: Path) -> list[str]:
-    """The names in ``out`` train-head did not write (its own config.json counts as its own only if it is)."""
+    """The names in ``out`` train-head did not write. Its ``config.json`` is its own only when it is train-head's
+    (:func:`finished_network`), and ``model.safetensors`` only beside such a config or a checkpoint: alone it may
+    be anyone's weights."""
     names = sorted(p.name for p in out.iterdir())
-    return [n for n in names if n not in OWN_FILES or (n == CONFIG and finished_network(out) is None)
-            or not (out / n).is_file()]
+    own_config = CONFIG in names and finished_network(out) is not None
+    vouched = own_config or CHECKPOINT in names
+    return [n for n in names if n not in OWN_FILES or not (out / n).is_file() or (n == CONFIG and not own_config)
+            or (n == WEIGHTS and not vouched)]
 
 
-def check_out(out: Path) -> None:
-    """Before anything loads: ``out`` is not a file, holds nothing train-head did not write, and it and the answers
-    file beside it can be written."""
+def check_out(out: Path, answers: Path) -> None:
+    """Before anything loads: ``out`` is not a file, holds nothing train-head did not write, and it and the
+    ``answers`` file can be written."""
     shown = shorten(str(out))
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {shown} is a file; name a folder for the head")
-    if out.is_dir():
-        foreign = foreign_entries(out)
-        if foreign:
-            listed = ", ".join(shorten(n, 30) for n in foreign[:3]) + (
-                f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise InputError(f"--out {shown} holds files train-head did not write ({listed}); "
-                             f"name a new or empty folder (train-head would overwrite {CONFIG} and {WEIGHTS})")
-    for folder in {out, out.parent}:
-        _check_writable(_existing_ancestor(folder), shown)
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {shown} is a file; name a folder for the head")
+        foreign = foreign_entries(out) if out.is_dir() else []
+    except OSError as exc:  # a folder that can't be read or searched (a name too long is said by cli/errors.py)
+        if exc.errno == errno.ENAMETOOLONG:
+            raise
+        raise InputError(f"--out {shown} can't be read ({exc.strerror or type(exc).__name__}); pick another "
+                         f"folder") from None
+    if foreign:
+        listed = ", ".join(shorten(n, 30) for n in foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise InputError(f"--out {shown} holds files train-head did not write ({listed}); "
+                         f"name a new or empty folder (train-head would overwrite {CONFIG} and {WEIGHTS})")
+    if answers.is_dir():
+        raise InputError(f"the answers file {shorten(str(answers))} is a folder; name a JSONL file with --answers")
+    for path, what in ((out / f"{CHECKPOINT}.tmp", f"--out {shown}"),
+                       (answers.with_name(answers.name + ".lock"), f"--out {shown}: the answers file beside it")):
+        _check_name_length(path, what)
+    _check_writable(_existing_ancestor(out), f"--out {shown}")
+    _check_writable(_existing_ancestor(answers.parent), f"the answers file {shorten(str(answers))}")
+
+
+def _check_name_length(path: Path, what: str) -> None:
+    """Every name in ``path`` (the longest file train-head makes there) fits the file system's limit."""
+    try:
+        limit = os.pathconf(_existing_ancestor(path.parent), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > limit:
+        raise InputError(f"{what} needs a name of {len(os.fsencode(longest))} bytes ({shorten(longest, 40)}), more "
+                         f"than the file system allows ({limit}); use a shorter name")
 
 
 def _existing_ancestor(folder: Path) -> Path:
+    """``folder``, or the nearest folder above it that exists (a file there is reported by :func:`_check_writable`)."""
     while not folder.exists() and folder.parent != folder:
         folder = folder.parent
     return folder
 
 
-def _check_writable(folder: Path, shown: str) -> None:
+def _check_writable(folder: Path, what: str) -> None:
+    """``what`` (``--out DIR``, the answers file) can be made in ``folder``, its nearest existing ancestor."""
+    if not folder.is_dir():
+        raise InputError(f"{what} can't be made: {shorten(str(folder), 60)} is a file, not a folder; pick another "
+                         f"path")
     try:
-        if not folder.is_dir():
-            raise NotADirectoryError(20, "Not a directory")
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise InputError(f"--out {shown} can't be written ({exc.strerror or exc} in {shorten(str(folder), 60)}); "
-                         f"pick another folder") from None
+        raise InputError(f"{what} can't be written ({exc.strerror or exc} in {shorten(str(folder), 60)}); "
+                         f"pick another path") from None
 
 
 def make_parents(path: Path) -> list[Path]:

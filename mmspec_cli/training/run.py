@@ -43,7 +43,7 @@ from mmspec_cli.models.writing import WriteFailed
 from mmspec_cli.training import acceptance
 from mmspec_cli.training.answers import AnswerFile, AnswerSettings, answers_path, generate_answers
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
-from mmspec_cli.training.out_folder import check_out, clean_up, make_parents
+from mmspec_cli.training.out_folder import CHECKPOINT, check_out, clean_up, make_parents
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
 from mmspec_cli.training.imitation import ImitationObjective, layer_reader
 from mmspec_cli.training.limits import check_steps
@@ -111,43 +111,71 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     chooses its CPU threads there); ``on_step(step, total, pass_stats)`` after each step.
     """
     s = settings
-    check_out(s.out)
+    answers_file = s.answers_file or answers_path(s.out)
+    check_out(s.out, answers_file)
     target_name = canonical_name(profile.target.model)  # what the answers, checkpoints and the head name
     resume = check_start(s.out, s.resume, s.kind, target_name)
-    answers_file = s.answers_file or answers_path(s.out)
     # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on CPUs too
     accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
-    main = accelerator.is_main_process
-    created = make_parents(answers_file) if main else []
-    answers_existed = answers_file.exists()
-    lock = OutLock.acquire(answers_file) if main else None  # one run per answers file
+    if not accelerator.is_main_process:
+        return _train_head(profile, s, resume, answers_file, accelerator, log, progress, on_target, on_step)
+    made = Leftovers(s.out, answers_file)  # what this run creates, and removes again if it fails before using it
+    lock = None
     try:
+        made.folders = make_parents(answers_file)
+        lock = OutLock.acquire(answers_file, what="the answers file")  # one run per answers file
         return _train_head(profile, s, resume, answers_file, accelerator, log, progress, on_target, on_step)
     except BaseException as exc:
-        if lock is not None:
-            lock.release()
-            lock = None
-            _leave_what_is_worth_keeping(exc, s, target_name, answers_file, answers_existed, created)
+        made.clean_up(exc, s.answers, target_name, lock)  # under the lock, which it lets go before the folders go
+        lock = None
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, TrainingInterrupted):
+            raise TrainingInterrupted(made.kept(s.answers, target_name)) from None  # outside training: say what stays
         raise
     finally:
         if lock is not None:
             lock.release()
 
 
-def _leave_what_is_worth_keeping(exc: BaseException, s: TrainHeadSettings, target_name: str, answers_file: Path,
-                                 existed: bool, created: list[Path]) -> None:
-    """After a failed run: an answers file this run created holding no answer is removed, with the folders made for
-    it; answers that stay are named in the error line (the next run reuses them)."""
-    try:
-        kept = AnswerFile(answers_file, s.answers, target_name).answered() if answers_file.is_file() else 0
-    except MmspecError:  # another run's file, refused before this run wrote to it
-        kept = 0
-    if not kept and not existed:
-        answers_file.unlink(missing_ok=True)
-    clean_up(created)
-    if kept and isinstance(exc, MmspecError) and exc.args:
-        exc.args = (f"{exc.args[0]}; the {kept} answer{'s' if kept != 1 else ''} in {shorten(str(answers_file))} "
-                    f"are kept and reused by the next run",)
+class Leftovers:
+    """What a train-head run leaves when it fails (``out_folder`` module doc): an answers file this run created that
+    holds no answer is removed under the run's lock, then the folders made for it and an empty DIR it made;
+    answers that stay are named in the error line (the next run reuses them)."""
+
+    def __init__(self, out: Path, answers_file: Path):
+        self.out, self.answers_file = out, answers_file
+        self.out_existed, self.answers_existed = out.exists(), answers_file.exists()
+        self.folders: list[Path] = []
+
+    def answers(self, settings: AnswerSettings, target_name: str) -> int:
+        """How many answers the answers file holds (0: none, or not a file of these settings)."""
+        try:
+            return AnswerFile(self.answers_file, settings, target_name).answered() if self.answers_file.is_file() else 0
+        except MmspecError:  # another run's file, refused before this run wrote to it
+            return 0
+
+    def kept(self, settings: AnswerSettings, target_name: str) -> str | None:
+        """What stays on disk for the next run, in words (None: nothing)."""
+        if (self.out / CHECKPOINT).is_file():
+            return f"the checkpoint in {self.out} is kept"
+        kept = self.answers(settings, target_name)
+        if kept:
+            return (f"{kept} answer{'s' if kept != 1 else ''} {'is' if kept == 1 else 'are'} saved in "
+                    f"{self.answers_file} and reused when the run starts again")
+        return None
+
+    def clean_up(self, exc: BaseException, settings: AnswerSettings, target_name: str, lock: Any) -> None:
+        kept = self.answers(settings, target_name)
+        if not kept and not self.answers_existed:
+            self.answers_file.unlink(missing_ok=True)
+        if lock is not None:
+            lock.release()
+        if not self.out_existed:
+            clean_up([self.out])  # made by a first checkpoint that failed: removed while empty
+        clean_up(self.folders)
+        said = isinstance(exc, WriteFailed) and exc.path == self.answers_file  # its own line says they are kept
+        if kept and not said and isinstance(exc, MmspecError) and exc.args:
+            exc.args = (f"{exc.args[0]}; the {kept} answer{'s' if kept != 1 else ''} in "
+                        f"{shorten(str(self.answers_file))} are kept and reused by the next run",)
 
 
 def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] | None, answers_file: Path,
@@ -180,13 +208,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] |
 
     turns_total = sum(len(c.turns) for c in training)
     if main:
-        try:
-            with Phase("answers", turns_total, enabled=progress, log=log) as phase:
-                records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
-        except KeyboardInterrupt:
-            kept = AnswerFile(answers_file, s.answers, target_name).answered() if answers_file.is_file() else 0
-            raise TrainingInterrupted(f"{kept} answer{'s' if kept != 1 else ''} {'is' if kept == 1 else 'are'} "
-                                      f"saved in {answers_file} and reused when the run starts again") from None
+        with Phase("answers", turns_total, enabled=progress, log=log) as phase:
+            records = generate_answers(target, target_name, training, answers_file, s.answers, phase.advance)
     accelerator.wait_for_everyone()
     if not main:
         records = generate_answers(target, target_name, training, answers_file, s.answers)  # reads them back
@@ -217,7 +240,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] |
     config = TrainConfig(steps=steps, batch_size=batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
                          warmup=s.warmup, seed=s.seed, checkpoint_every=s.checkpoint_every)
     if resume is not None:
-        check_settings(resume, {**asdict(config), "sequences": len(store)}, f"{shorten(str(s.out))}/checkpoint.pt")
+        check_settings(resume, {**asdict(config), "sequences": len(store), "answers": asdict(s.answers)},
+                       f"{shorten(str(s.out))}/checkpoint.pt")
 
     report: dict[str, Any] = {
         "process": accelerator.process_index, "processes": accelerator.num_processes, "source": s.source,
@@ -234,7 +258,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] |
     head = DraftHead(head_config(target), s.kind, s.num_q)
     copy_embeddings(head, target)
     head.to(device=target.model.get_output_embeddings().weight.device)
-    identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store)}
+    identity = {"kind": s.kind, "num_q": s.num_q, "target": target_name, "sequences": len(store),
+                "answers": asdict(s.answers)}
     keep: dict[str, Any] = {}
     if s.measure_before and held and resume is None and main:
         keep["before"] = _measure(target, HeadDrafter(target, head.eval()), held, max_new, log,
@@ -311,7 +336,8 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
     torch.manual_seed(s.seed)
     hidden = (getattr(target.model.config, "text_config", None) or target.model.config).hidden_size
     objective = ImitationObjective(ImitationNetwork(hidden), target, s.noise)
-    identity = {"kind": IMITATION, "layer": layer, "target": target_name, "sequences": len(store)}
+    identity = {"kind": IMITATION, "layer": layer, "target": target_name, "sequences": len(store),
+                "answers": asdict(s.answers)}
     keep: dict[str, Any] = {}
     if s.measure_before and held and resume is None and main:  # an untrained network is the plain draft
         keep["before"] = _measure(target, SelfSpeculativeDrafter(target, layer), held, max_new, log,

@@ -163,17 +163,24 @@ def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, conf
     def rng_now() -> tuple[torch.Tensor, torch.Tensor]:
         return generator.get_state(), torch.get_rng_state()
 
-    done = step = start  # done: the steps whose update is complete
-    rng = rng_now()  # what a checkpoint of `done` = `step` steps holds
+    def stop(step: int, what: str) -> TrainingDiverged:
+        kept = (f"the checkpoint of step {saved} is kept in {out}/checkpoint.pt (delete it to train again)"
+                if saved is not None else "no checkpoint was written")
+        return TrainingDiverged(f"training stopped at step {step}: {what} (the learning rate {config.lr:g} is likely "
+                                f"too high); {kept}; train again with a lower --lr (the answers are reused)")
+
+    done = start  # the steps whose update is complete
+    rng = rng_now()  # the RNG states after `done` steps: what a checkpoint of `done` holds
     with CtrlC() as ctrl_c:
         try:
             for step in range(start, total):
-                rng = rng_now()
                 indices = batch_indices(step, config.batch_size, len(store), config.seed, orders)
                 with accelerator.split_between_processes(indices, apply_padding=True) as mine:
                     batch = [store[i] for i in mine]
                 loss, stats = objective(batch, generator)
-                check_finite(accelerator, loss, step + 1, config.lr, out, saved)
+                losses = accelerator.gather(loss.detach().reshape(1))  # every process decides alike
+                if not bool(torch.isfinite(losses).all()):
+                    raise stop(step + 1, f"the loss is {float(losses[~torch.isfinite(losses)][0])}")
                 accelerator.backward(loss)
                 accelerator.clip_grad_value_(params, config.clip)
                 with ctrl_c.deferred():  # an update is applied whole or not at all
@@ -181,14 +188,17 @@ def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, conf
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                     result.history.append({"step": step + 1, "loss": float(loss.detach()), "passes": stats})
-                    done = step + 1
+                    done, rng = step + 1, rng_now()
                 if on_step is not None:
                     on_step(step + 1, total, stats)
                 if done % config.checkpoint_every == 0 or done == total:
-                    checkpoint(done, rng_now())
+                    wrong = unsavable(params)
+                    if wrong:  # never checkpoint (nor, at the end, save) weights that can't be used
+                        raise stop(done, wrong)
+                    checkpoint(done, rng)
         except KeyboardInterrupt:
-            if done > 0 and saved != done:  # the interval since the last checkpoint is kept too
-                checkpoint(done, rng if done == step else rng_now(), barrier=False)
+            if done > 0 and saved != done and not unsavable(params):  # the interval since the last checkpoint too
+                checkpoint(done, rng, barrier=False)
             if saved is None:
                 raise TrainingInterrupted("no training step was completed, so no checkpoint was written") from None
             raise TrainingInterrupted(f"the checkpoint of step {saved} of {total} is saved in {out}") from None
@@ -198,9 +208,10 @@ def train(head: torch.nn.Module, target: LoadedModel, store: SequenceStore, conf
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during training, once the state reached is saved: ``saved`` says where (the CLI prints it)."""
+    """Ctrl-C during train-head, once what it reached is saved: ``saved`` says what stays on disk (None: nothing);
+    the CLI prints it with the command that continues."""
 
-    def __init__(self, saved: str):
+    def __init__(self, saved: str | None):
         super().__init__(saved)
         self.saved = saved
 
@@ -209,16 +220,17 @@ class TrainingDiverged(InputError):
     """The loss turned NaN or infinite: the run stops before the update that would spread it into the weights."""
 
 
-def check_finite(accelerator: Any, loss: torch.Tensor, step: int, lr: float, out: Path, saved: int | None) -> None:
-    """Stop (every process alike) when any process's loss of ``step`` is not finite; one line says what is kept."""
-    losses = accelerator.gather(loss.detach().reshape(1))
-    if bool(torch.isfinite(losses).all()):
-        return
-    kept = (f"the checkpoint of step {saved} is kept in {out}/checkpoint.pt" if saved is not None
-            else "no checkpoint had been written")
-    raise TrainingDiverged(f"training stopped at step {step}: the loss is {float(losses[~torch.isfinite(losses)][0])} "
-                           f"(the learning rate {lr:g} is likely too high); {kept}; train again with a lower --lr "
-                           f"into a new --out")
+def unsavable(params: list[torch.Tensor]) -> str | None:
+    """Why weights can't be kept (NaN or infinity, or values beyond float16, the dtype networks are saved in), or
+    None. A learning rate far too high gets there in one update, before any loss turns NaN."""
+    largest = torch.finfo(torch.float16).max
+    for p in params:
+        data = p.detach()
+        if not bool(torch.isfinite(data).all()):
+            return "the weights hold NaN or infinity"
+        if bool((data.abs() > largest).any()):
+            return f"the weights grew past float16's range (up to {float(data.abs().max()):.3g})"
+    return None
 
 
 class CtrlC:
