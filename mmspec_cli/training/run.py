@@ -164,8 +164,9 @@ class Leftovers:
         return None
 
     def clean_up(self, exc: BaseException, settings: AnswerSettings, target_name: str, lock: Any) -> None:
-        kept = self.answers(settings, target_name)
-        if not kept and not self.answers_existed:
+        """``lock`` None: the run never held the answers file (another run does), so it is not this run's to judge."""
+        kept = self.answers(settings, target_name) if lock is not None else 0
+        if lock is not None and not kept and not self.answers_existed:
             self.answers_file.unlink(missing_ok=True)
         if lock is not None:
             lock.release()
