@@ -21,7 +21,7 @@ from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
-from mmspec_cli.drafters.registry import require_captioner
+from mmspec_cli.drafters.registry import check_oracle, require_captioner
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError
@@ -65,6 +65,9 @@ class ModelSet:
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
+        decoding = profile.decoding
+        check_oracle(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
+                     needs_ar_first=False)
         if any(p.self_speculative for p in plans):
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
@@ -86,11 +89,14 @@ class ModelSet:
             models.heads[kind] = load_head(spec.model, spec.kind or kind, spec.num_q, models.target, spec.revision)
         return models
 
-    def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None) -> SpeculativeDecoder:
+    def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None,
+                recorded: Sequence[Sequence[int]] | None = None) -> SpeculativeDecoder:
         """A fresh decoder (own KV caches) for ``drafter`` over the shared models.
 
         ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several);
-        ``imitation``, the imitation network ``ssd`` drafts through (default: the profile's, at its layer).
+        ``imitation``, the imitation network ``ssd`` drafts through (default: the profile's, at its layer);
+        ``recorded``, for ``oracle``: the token ids of each turn of a first ``ar`` run of the same input
+        (:meth:`recorded_by_ar`).
         """
         profile, decoding = self.profile, self.profile.decoding
         layer = profile.ssd.layer if ssd_layer is None else ssd_layer
@@ -102,7 +108,7 @@ class ModelSet:
                           default_members=profile.ensemble.members, pool_kernel=profile.pooling.kernel,
                           captioner=self.captioner, seed=decoding.seed or 0, ssd_layer=layer,
                           head=self.heads.get(drafter),
-                          imitation=imitation),
+                          imitation=imitation, recorded=recorded),
             gamma=decoding.gamma,
             max_new_tokens=decoding.max_new_tokens,
             sampling=SamplingParams(decoding.temperature, decoding.top_p, decoding.top_k),
@@ -114,6 +120,13 @@ class ModelSet:
             tree_depth=decoding.tree_depth,
             tree_topk=decoding.tree_topk,
         )
+
+
+def recorded_by_ar(models: ModelSet, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
+                   history: Sequence[tuple[str, str]] = ()) -> list[list[int]]:
+    """What ``oracle`` replays: the token ids of each turn of a first ``ar`` run of these inputs."""
+    generation = models.decoder("ar").generate(images, questions, raw_prompt, history=history)
+    return [turn.token_ids for turn in generation.turns]
 
 
 def head_spec(profile: Profile, kind: str) -> HeadSpec:

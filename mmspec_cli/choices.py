@@ -18,6 +18,10 @@ HEAD_KINDS = ("eagle", "vispec")
 #: ``ssd`` without the profile's imitation network (FastVLM's "draft without imitation"), to compare both in one run.
 SSD_PLAIN = "ssd:plain"
 
+#: A benchmarking drafter (``drafters/oracle.py``): it replays the target's greedy output of a first ``ar`` run, so
+#: every draft is accepted and drafting costs nothing; what it gains over ``ar`` measures the engine itself.
+ORACLE = "oracle"
+
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)

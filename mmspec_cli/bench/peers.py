@@ -69,7 +69,8 @@ class HfAssistedPeer:
 PEERS = {HF_ASSISTED: HfAssistedPeer}
 
 
-def bench_decoder(models: Any, name: str, gamma: int, max_new_tokens: int) -> Any:
-    """A fresh decoder for a bench row: a peer by its name, else the engine with drafter ``name``."""
+def bench_decoder(models: Any, name: str, gamma: int, max_new_tokens: int, recorded: Any = None) -> Any:
+    """A fresh decoder for a bench row: a peer by its name, else the engine with drafter ``name`` (``recorded``:
+    what ``oracle`` replays, ``ar``'s token ids per turn)."""
     peer = PEERS.get(name)
-    return peer(models.target, models.draft, gamma, max_new_tokens) if peer else models.decoder(name)
+    return peer(models.target, models.draft, gamma, max_new_tokens) if peer else models.decoder(name, recorded=recorded)

@@ -33,6 +33,7 @@ from mmspec_cli.decoding.events import TurnFinished, TurnStarted
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.prompts import image_placeholder, process
 from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.choices import ORACLE
 
 WARMUP_TOKENS = 8
 
@@ -145,23 +146,41 @@ class BenchRunner:
     def warm_up(self, sample: Sample, images: list) -> None:
         """One short untimed, unrecorded first turn per drafter: CUDA context, kernels and caches
         get set up here instead of inside the first timed sample."""
+        recorded = None  # ar's warm-up output, which oracle replays
         for drafter in self.settings.drafters:
             try:
-                self.decoder(drafter).generate(images, list(sample.turns[:1]), history=sample.history,
-                                               max_new_tokens=min(WARMUP_TOKENS, self.settings.max_new_tokens))
+                generation = self.decoder(drafter, recorded).generate(
+                    images, list(sample.turns[:1]), history=sample.history,
+                    max_new_tokens=min(WARMUP_TOKENS, self.settings.max_new_tokens))
+                if drafter == "ar":
+                    recorded = [turn.token_ids for turn in generation.turns]
             except Exception:  # noqa: BLE001 - the real run records the failure
                 if self.debug:
                     raise
 
-    def decoder(self, drafter: str) -> Any:
-        """A fresh decoder for ``drafter``: the engine's, or a peer's with the same signature (``hf-assisted``)."""
-        return bench_decoder(self.models, drafter, self.settings.gamma, self.settings.max_new_tokens)
+    def decoder(self, drafter: str, recorded: Any = None) -> Any:
+        """A fresh decoder for ``drafter``: the engine's, or a peer's with the same signature (``hf-assisted``);
+        ``recorded``: what ``oracle`` replays."""
+        return bench_decoder(self.models, drafter, self.settings.gamma, self.settings.max_new_tokens, recorded)
+
+    def recorded_by_ar(self, sample: Sample) -> list[list[int]] | None:
+        """``ar``'s token ids of ``sample``'s turns, from its records (this run's or a resumed file's): what
+        ``oracle`` replays; None if a turn has no record (``ar`` failed on the sample)."""
+        turns = {r["turn"]: r["token_ids"] for r in self.results.records
+                 if r.get("id") == sample.id and r.get("drafter") == "ar" and "error" not in r}
+        n = self.settings.turns(sample)
+        return [turns[t] for t in range(n)] if all(t in turns for t in range(n)) else None
 
     # ----------------------------------------------------------------- one conversation
 
     def conversation(self, drafter: str, sample: Sample, images: list, n_turns: int) -> Iterator[Record]:
         """The records of the first ``n_turns`` turns of ``sample`` with ``drafter``, as they finish."""
-        decoder = self.decoder(drafter)
+        recorded = None
+        if drafter == ORACLE:
+            recorded = self.recorded_by_ar(sample)
+            if recorded is None:
+                raise InputError("oracle replays ar's output of the sample, and ar has none (it failed)")
+        decoder = self.decoder(drafter, recorded)
         if not self._paper(sample):
             events = decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history)
             yield from self._records(events, drafter, sample, images, decoder.members)

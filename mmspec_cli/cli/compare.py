@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from mmspec_cli.choices import ORACLE
 from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
 from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
                                        weight_share)
@@ -32,7 +33,8 @@ def compare(
     images: Images = None,
     question: Questions = None,
     drafters: Annotated[str, typer.Option(metavar="A,B,...", help=(
-        "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed.")) ] = DEFAULT_DRAFTERS,
+        "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed; oracle (a benchmark tool, after ar) replays "
+        "ar's output.")) ] = DEFAULT_DRAFTERS,
     profile: ProfileName = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
     threads: Threads = None,
@@ -50,6 +52,10 @@ def compare(
     questions = check_questions(question or [], None)
     chosen = apply_overrides(load_profile(profile), **overrides)
     names = drafter_names(drafters, chosen.ensemble.members)
+    from mmspec_cli.drafters.registry import check_oracle
+
+    decoding = chosen.decoding
+    check_oracle(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
     threads = check_threads(threads)
     from mmspec_cli.cli.display import is_terminal
 
@@ -108,7 +114,8 @@ def _run(profile: Profile, pictures: list, questions: list[str], names: list[str
     status = Console(stderr=True)
     generations = {}
     for i, name in enumerate(names, start=1):
-        decoder = models.decoder(name)
+        recorded = [t.token_ids for t in generations["ar"].turns] if name == ORACLE else None  # ar ran before it
+        decoder = models.decoder(name, recorded=recorded)
         if progress:
             with status.status(f"running drafter {name} ({i}/{len(names)})"):
                 generations[name] = decoder.generate(pictures, questions)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from mmspec_cli.choices import ORACLE
 from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
 from mmspec_cli.models.images import load_images
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
@@ -50,8 +51,11 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
 
     from mmspec_cli.models.threads import apply_threads
 
-    decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
-    choice = apply_threads(threads, decoder.target.model)
+    if profile.drafter == ORACLE:
+        decoder, choice = _oracle_decoder(profile, pictures, questions, raw_prompt, threads)
+    else:
+        decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
+        choice = apply_threads(threads, decoder.target.model)
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt)
         typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
@@ -61,3 +65,21 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
     with view:
         for event in decoder.stream(pictures, questions, raw_prompt):
             view.handle(event)
+
+
+def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None,
+                    threads: int | None):
+    """``--drafter oracle`` (a benchmark tool): a first ``ar`` run records the target's output, untimed and not
+    shown; the oracle then replays it (``drafters/oracle.py``)."""
+    import time
+
+    from mmspec_cli.api import ModelSet, recorded_by_ar
+    from mmspec_cli.models.threads import apply_threads
+
+    models = ModelSet.load(profile, ["ar", ORACLE], threads=None)
+    choice = apply_threads(threads, models.target.model)
+    start = time.perf_counter()
+    recorded = recorded_by_ar(models, pictures, questions, raw_prompt)
+    typer.echo(f"note: oracle replays the target's output of a first ar run ({sum(map(len, recorded))} tokens in "
+               f"{time.perf_counter() - start:.1f} s, not counted); it is a benchmark tool", err=True)
+    return models.decoder(ORACLE, recorded=recorded), choice

@@ -7,7 +7,8 @@ and ``tabed:LETTERS`` (TABED Alg. 1, weights from ``ensemble.policy``); ``ssd``,
 drafting with the target's first ``ssd.layer`` layers (FastVLM), through the profile's imitation network
 when ``ssd.imitation`` names one (``ssd:plain``: never), which is never an ensemble member;
 ``eagle`` and ``vispec``, a trained draft head over the target's features (the profile's ``head:``),
-never ensemble members either.
+never ensemble members either; ``oracle``, a benchmarking drafter that replays a first ``ar`` run's output
+(:mod:`.oracle`; built from that recording, greedy only, chains only).
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
 (:mod:`.rows`), which needs a LLaVA-1.5-style draft.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, SSD_PLAIN
+from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, SSD_PLAIN, tree_kind
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
@@ -28,6 +29,7 @@ from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import llava_parts
 from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.drafters.oracle import NO_SAMPLING, NO_TREES, OracleDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
@@ -41,6 +43,7 @@ class DrafterPlan:
     adaptive: bool
     self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
     head: str | None = None  # eagle / vispec: the kind of trained head that drafts; no draft model
+    oracle: bool = False  # oracle: replays a first ar run; no model drafts
 
     @property
     def needs_draft(self) -> bool:
@@ -80,6 +83,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         return DrafterPlan(name, (), adaptive=False, self_speculative=True)
     if name in HEAD_KINDS:
         return DrafterPlan(name, (), adaptive=False, head=name)
+    if name == ORACLE:
+        return DrafterPlan(name, (), adaptive=False, oracle=True)
     if name == "tabed":
         return DrafterPlan(name, tuple(default_members), adaptive=True)
     if name.startswith("tabed:"):
@@ -88,8 +93,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
             raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
         return DrafterPlan(name, members, adaptive=True)
     if not name:
-        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle "
-                         "or vispec")
+        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle, "
+                         "vispec or oracle")
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
@@ -106,6 +111,21 @@ def parse_drafter_list(text: str, default_members: tuple[str, ...] = ("m", "t"),
         if names.count(name) > 1:
             raise InputError(f"--drafters names '{name}' more than once; name each drafter once")
     return names
+
+
+def check_oracle(names: list[str], greedy: bool, tree: str | None, tree_width: int,
+                 needs_ar_first: bool = True) -> None:
+    """``oracle`` replays ``ar``'s greedy chain: refused under sampling, with a tree, and (``needs_ar_first``: bench
+    and compare, which take ``ar``'s record) unless ``ar`` comes before it in ``names``."""
+    if ORACLE not in names:
+        return
+    if not greedy:
+        raise InputError(NO_SAMPLING)
+    if tree_kind(tree, tree_width) != "chain":
+        raise InputError(NO_TREES)
+    if needs_ar_first and ("ar" not in names or names.index("ar") > names.index(ORACLE)):
+        raise InputError("--drafters: oracle replays ar's output of the same sample; list ar before it, e.g. "
+                         "--drafters ar,oracle,m")
 
 
 def require_captioner(plan: DrafterPlan, has_captioner: bool) -> None:
@@ -127,10 +147,17 @@ def build_drafter(
     ssd_layer: int | None = None,
     head=None,
     imitation=None,
+    recorded=None,
 ) -> Drafter:
     """The drafter ``name`` over the loaded models; ``head`` is the loaded draft head for ``eagle``/``vispec``,
-    ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does)."""
+    ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does), ``recorded`` the token
+    ids per turn of a first ``ar`` run that ``oracle`` replays."""
     plan = parse_drafter(name, default_members)
+    if plan.oracle:
+        if recorded is None:
+            raise InputError("drafter 'oracle' replays the output of a first ar run of the same input; run ar first "
+                             "(bench and compare: list ar before oracle in --drafters)")
+        return OracleDrafter(recorded)
     if plan.self_speculative:
         return SelfSpeculativeDrafter(target, ssd_layer, imitation if name == "ssd" else None, name=name)
     if plan.head is not None:

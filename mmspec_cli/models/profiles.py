@@ -572,7 +572,8 @@ class Override:
 #: Every override, declared once: the CLI builds its decoding flags from this table
 #: (``cli/options.py``), so a new decoding flag is one entry here plus its profile key.
 OVERRIDES: dict[str, Override] = {
-    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, or ar (no drafting)."),
+    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, ssd, eagle, vispec, or ar (no "
+                                                "drafting); oracle is a benchmark tool (replays ar's output)."),
     "gamma": Override("decoding.gamma", int, "N", f"Draft tokens per block (1-{MAX_GAMMA})."),
     "gamma_schedule": Override("decoding.gamma_schedule", str, "|".join(SCHEDULES), (
         "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
