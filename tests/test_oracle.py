@@ -84,6 +84,10 @@ def test_bench_replays_ar_sample_by_sample_and_on_resume(files, tmp_path):
     assert result.exit_code == 0, result.stderr
     resumed = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["id"], r["turn"], r["drafter"]) for r in resumed) == sorted(by_key)
+    summary = runner.invoke(app, ["bench", "--summarize", str(out), "--format", "json", "--profile", files["profile"]])
+    rows = [r for r in json.loads(summary.stdout)["rows"] if r["drafter"] == "oracle"]
+    assert rows and all(r["expected_speedup"] is None and r["acceptance_rate"] == 1.0 for r in rows)
+    assert "oracle" not in summary.stderr  # no Eq. (1), and no note asking for a latency it has no use for
 
 
 @pytest.mark.parametrize("command, args, fragment", [

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags
-from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
+from mmspec_cli.choices import HEAD_KINDS, ORACLE, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -260,7 +260,9 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     draft model's T_q at the records' batch rows (their ensemble members) for the others; each at the records'
     γ and mean prompt length. The cache is looked up under the CPU thread count the records were made with
     (records carry it), not this process's."""
-    turns = [r for r in records if "error" not in r and r["drafter"] != "ar"]
+    # ar drafts nothing; oracle's draft costs nothing (c = 0, so Eq. (1) would be τ): its bound is
+    # (γ + 1)·T_p(1)/T_p(γ + 1), benchmarks/bench_oracle.py
+    turns = [r for r in records if "error" not in r and r["drafter"] not in ("ar", ORACLE)]
     if not turns:
         return {}, {}, None  # nothing Eq. (1) applies to
     pair = (profile.target.model, profile.draft.model if profile.draft else None)
