@@ -186,8 +186,8 @@ def alter_token(monkeypatch, drafter: str, turn: int, index: int) -> None:
     """Make ``drafter``'s decoder report one different token id, as a buggy drafter would."""
     original = api.ModelSet.decoder
 
-    def decoder(self, name):
-        dec = original(self, name)
+    def decoder(self, name, **kwargs):
+        dec = original(self, name, **kwargs)
         if name == drafter:
             real = dec.generate
 
