@@ -109,10 +109,8 @@ def parse_drafters(text: str) -> list[str]:
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
     from mmspec_cli.bench.peers import PEERS
-    from mmspec_cli.drafters.registry import parse_drafter, require_captioner
+    from mmspec_cli.drafters.registry import check_oracle, parse_drafter, require_captioner
     from mmspec_cli.drafters.ssd import require_layer
-
-    from mmspec_cli.drafters.registry import check_oracle
 
     decoding = profile.decoding
     check_oracle(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
