@@ -60,28 +60,18 @@ ANY_TREE = [((), 4), ((), 0), ((3,), 3), ((3,), 5), ((), 0), ((2,), 1), ((), 4),
             ((), 3), ((), 4), ((), 4), ((), 1)]
 
 
+def verdicts(case, rule) -> list:
+    """``rule`` on the inputs of each of the N cases, with generator seed i for case i."""
+    return [rule(*case(i), torch.Generator().manual_seed(i)) for i in range(N)]
+
+
 def test_the_chain_rule_draws_as_before():
-    found = []
-    for i in range(N):
-        tokens, q, p = chain_case(i)
-        verdict = verify_sampling(tokens, q, p, torch.Generator().manual_seed(i))
-        found.append((verdict.accepted, verdict.next_token))
-    assert found == CHAIN
+    assert [(v.accepted, v.next_token) for v in verdicts(chain_case, verify_sampling)] == CHAIN
 
 
 def test_the_width_tree_rule_draws_as_before():
-    found = []
-    for i in range(N):
-        branches, draft_probs, root_probs, branch_probs = tree_case(i)
-        verdict = verify_tree_sampling(branches, draft_probs, root_probs, branch_probs, torch.Generator().manual_seed(i))
-        found.append((verdict.branch, verdict.accepted, verdict.next_token))
-    assert found == TREE
+    assert [(v.branch, v.accepted, v.next_token) for v in verdicts(tree_case, verify_tree_sampling)] == TREE
 
 
 def test_the_dynamic_tree_rule_draws_as_before():
-    found = []
-    for i in range(N):
-        parents, tokens, scores, probs = any_tree_case(i)
-        verdict = verify_any_tree_sampling(parents, tokens, scores, probs, torch.Generator().manual_seed(i))
-        found.append((tuple(verdict.rows), verdict.next_token))
-    assert found == ANY_TREE
+    assert [(tuple(v.rows), v.next_token) for v in verdicts(any_tree_case, verify_any_tree_sampling)] == ANY_TREE

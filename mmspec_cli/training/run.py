@@ -118,13 +118,13 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on CPUs too
     accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
     if not accelerator.is_main_process:
-        return _train_head(profile, s, resume, answers_file, accelerator, log, progress, on_target, on_step)
+        return _train_head(profile, s, target_name, resume, answers_file, accelerator, log, progress, on_target, on_step)
     made = Leftovers(s.out, answers_file)  # what this run creates, and removes again if it fails before using it
     lock = None
     try:
         made.folders = make_parents(answers_file)
         lock = OutLock.acquire(answers_file, what="the answers file")  # one run per answers file
-        return _train_head(profile, s, resume, answers_file, accelerator, log, progress, on_target, on_step)
+        return _train_head(profile, s, target_name, resume, answers_file, accelerator, log, progress, on_target, on_step)
     except BaseException as exc:
         made.clean_up(exc, s.answers, target_name, lock)  # under the lock, which it lets go before the folders go
         lock = None
@@ -179,11 +179,10 @@ class Leftovers:
                         f"{shorten(str(self.answers_file))} are kept and reused by the next run",)
 
 
-def _train_head(profile: Profile, s: TrainHeadSettings, resume: dict[str, Any] | None, answers_file: Path,
-                accelerator: Any, log: Callable[[str], None], progress: bool | None,
+def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume: dict[str, Any] | None,
+                answers_file: Path, accelerator: Any, log: Callable[[str], None], progress: bool | None,
                 on_target: Callable[[LoadedModel], Any] | None,
                 on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
-    target_name = canonical_name(profile.target.model)
     found = conversations(s.source, s.limit)
     if s.evaluate is not None:
         training, held = found, list(s.evaluate)
