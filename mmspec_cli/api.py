@@ -23,6 +23,7 @@ from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
 from mmspec_cli.drafters.registry import check_oracle, require_captioner
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
+from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
@@ -87,6 +88,8 @@ class ModelSet:
             models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
         for kind, spec in head_specs.items():
             models.heads[kind] = load_head(spec.model, spec.kind or kind, spec.num_q, models.target, spec.revision)
+        if decoding.compile:
+            check_compilable(models)
         return models
 
     def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None,
@@ -119,7 +122,17 @@ class ModelSet:
             tree_budget=decoding.tree_budget,
             tree_depth=decoding.tree_depth,
             tree_topk=decoding.tree_topk,
+            kv="compiled" if decoding.compile else "dynamic",
         )
+
+
+def check_compilable(models: ModelSet) -> None:
+    """Refuse ``decoding.compile`` (``--compile``) in one line when the target or the draft model can't be
+    compiled here (no C++ compiler, a device other than CPU or CUDA, a quantized model, sliding-window layers)."""
+    for role, loaded in (("target", models.target), ("draft", models.draft)):
+        why = None if loaded is None else compile_blocker(loaded.model)
+        if why:
+            raise InputError(f"--compile: the {role} model can't be compiled here: {why}; run without --compile")
 
 
 def recorded_by_ar(models: ModelSet, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,

@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from mmspec_cli.decoding.kv import crop_to
+from mmspec_cli.decoding.kv_state import DynamicKV
 
 REMARK_TOLERANCE = 0.05  # TABED App. G: |ΔT/T| < 5%
 
@@ -149,11 +148,12 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
     generator = torch.Generator().manual_seed(seq)
     prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
     step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    state = DynamicKV(config=model.config)
+    model(input_ids=prefix, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+    state.wrote(seq)
     return timer.median_ms(
-        run=lambda: model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=new_tokens),
-        reset=lambda: crop_to(cache, seq),
+        run=lambda: model(input_ids=step, past_key_values=state.cache, use_cache=True, logits_to_keep=new_tokens),
+        reset=lambda: state.rollback(seq),
     )
 
 
@@ -168,13 +168,14 @@ def head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
     hidden = head.fc.in_features // 2
     prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
     entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
-    cache = DynamicCache(config=head.config)
+    state = DynamicKV(config=head.config)
     head.body(prefix, torch.arange(seq, device=weight.device)[None], causal_mask(seq, 0, weight.dtype, weight.device),
-              cache)
+              state.cache)
+    state.wrote(seq)
     position = torch.tensor([[seq]], device=weight.device)
     mask = causal_mask(1, seq, weight.dtype, weight.device)
-    return timer.median_ms(run=lambda: lm_head(head.body(entry, position, mask, cache)),
-                           reset=lambda: crop_to(cache, seq))
+    return timer.median_ms(run=lambda: lm_head(head.body(entry, position, mask, state.cache)),
+                           reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
@@ -182,17 +183,18 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
     """Median time of one ``ssd`` draft step after ``seq`` cached tokens: the target's first ``layer`` decoder layers
     on one token over the target's own cache (as verification left it), then ``imitation`` if given, the final norm
     and the LM head, through the drafter's own code."""
-    from mmspec_cli.drafters.ssd import early_exit_decoder, early_exit_logits, shared_layers
+    from mmspec_cli.drafters.ssd import early_exit_decoder, early_exit_logits
 
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(seq)
     prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
     step = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)  # the target's own cache
+    state = DynamicKV(config=model.config)
+    model(input_ids=prefix, past_key_values=state.cache, use_cache=True, logits_to_keep=1)  # the target's own cache
+    state.wrote(seq)
     decoder, head = early_exit_decoder(model, layer, imitation), model.get_output_embeddings()
-    view = shared_layers(cache, layer)  # the first `layer` layers of the target's cache, as ssd drafts in it
-    return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: crop_to(view, seq))
+    view = state.view(layer)  # the first `layer` layers of the target's cache, as ssd drafts in it
+    return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: view.rollback(seq))
 
 
 @dataclass(frozen=True)

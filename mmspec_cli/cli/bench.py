@@ -176,6 +176,8 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                                                       "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
     if {"ssd", SSD_PLAIN} & set(names):
         drafting["ssd"] = plain["ssd"]
+    if decoding.compile:  # only when on, so older files stay resumable; compiled and eager times are not mixed
+        drafting["compile"] = True
     heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
     if heads and set(names) & {"eagle", "vispec"}:  # only when used, so older files stay resumable
         drafting["head"] = heads
@@ -200,8 +202,12 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                 models = _load(profile, names)
                 settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)
                 total = sum(len(t) for t in pending.values())
+                from mmspec_cli.cli.display import forget_compiling, report_compiling
+
+                forget_compiling()
                 with BenchProgress(total, names, results.records, enabled=sys.stderr.isatty()) as progress:
                     BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)
+                report_compiling()
             records = list(results.records)
     except KeyboardInterrupt:
         typer.echo(interrupted_line(results, again), err=True)
@@ -274,6 +280,9 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
                         f"draft {_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
     if profile.draft is None and not profile.head and profile.ssd.layer is None:
         return {}, {}, f"Eq. (1) not shown: profile {label} has no draft step to measure a latency ratio with"
+    if any(json.loads(r.get("ensemble") or "{}").get("compile") for rs in ours.values() for r in rs):
+        return {}, {}, ("Eq. (1) not shown: the records were made with --compile, and profile-latency times the "
+                        "eager steps; benchmarks/bench_compiled.py measures c compiled")
     from mmspec_cli.bench import latency
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.cli.profile_latency import NO_DRAFT

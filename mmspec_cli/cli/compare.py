@@ -57,9 +57,10 @@ def compare(
     decoding = chosen.decoding
     check_oracle(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
     threads = check_threads(threads)
-    from mmspec_cli.cli.display import is_terminal
+    from mmspec_cli.cli.display import forget_compiling, is_terminal
 
     terminal = is_terminal(sys.stdout)
+    forget_compiling()
     outcome = _run(chosen, pictures, questions, names, progress=terminal and not as_json, threads=threads)
     if as_json:
         typer.echo(json.dumps(comparison_json(outcome)))
@@ -69,6 +70,9 @@ def compare(
         Console().print(rich_report(outcome))
     else:
         typer.echo(plain_report(outcome), nl=False)
+    from mmspec_cli.cli.display import report_compiling
+
+    report_compiling()
     if outcome.identical is False:
         raise typer.Exit(EXIT_DIFFERENT)
 

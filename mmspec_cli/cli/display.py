@@ -7,6 +7,8 @@ block struck through in red after the text, until the next block replaces them.
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -182,3 +184,19 @@ def generation_json(generation: Generation, profile: str) -> dict:
     return {"drafter": generation.drafter, "profile": profile,
             "turns": [turn_json(t, generation.members) for t in generation.turns],
             "stats": generation.stats.as_dict()}
+
+
+def forget_compiling() -> None:
+    """Start the compile log afresh for this command (in a test process, an earlier command compiled too)."""
+    from mmspec_cli.decoding.compiled import LOG
+
+    LOG.clear()
+
+
+def report_compiling() -> None:
+    """One line on stderr saying what ``--compile`` compiled and how long it took (nothing when nothing was)."""
+    from mmspec_cli.decoding.compiled import LOG
+
+    line = LOG.summary()
+    if line:
+        print(f"note: {line}", file=sys.stderr)

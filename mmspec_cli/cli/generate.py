@@ -51,6 +51,7 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
 
     from mmspec_cli.models.threads import apply_threads
 
+    display.forget_compiling()
     if profile.drafter == ORACLE:
         decoder, choice = _oracle_decoder(profile, pictures, questions, raw_prompt, threads)
     else:
@@ -59,12 +60,13 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt)
         typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
-        return
-    tokenizer = decoder.target.tokenizer
-    view = display.LiveView(tokenizer, members=decoder.drafter.members) if live else display.PlainView(tokenizer)
-    with view:
-        for event in decoder.stream(pictures, questions, raw_prompt):
-            view.handle(event)
+    else:
+        tokenizer = decoder.target.tokenizer
+        view = display.LiveView(tokenizer, members=decoder.drafter.members) if live else display.PlainView(tokenizer)
+        with view:
+            for event in decoder.stream(pictures, questions, raw_prompt):
+                view.handle(event)
+    display.report_compiling()
 
 
 def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None,

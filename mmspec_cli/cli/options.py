@@ -50,6 +50,9 @@ def flag_type(name: str, help_text: str | None = None) -> Any:
     """The typer annotation of override ``name``'s flag (``--name-with-dashes``), unset by default."""
     spec = OVERRIDES[name]
     flag = "--" + name.replace("_", "-")
+    if spec.type is bool:
+        flag = f"{flag}/--no-{flag[2:]}"
+        return Annotated[bool | None, typer.Option(flag, help=help_text or spec.help, show_default=False)]
     return Annotated[spec.type | None, typer.Option(flag, metavar=spec.metavar, help=help_text or spec.help)]
 
 

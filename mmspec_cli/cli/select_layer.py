@@ -60,6 +60,9 @@ def select_layer(
     threads = check_threads(threads)
     out_path = _check_write(write, chosen)
     samples = _samples(sources or [], question or [], limit)
+    from mmspec_cli.cli.display import forget_compiling
+
+    forget_compiling()
     result = _run(chosen, samples, lam, max_layer, empirical, threads, imitation)
     failed = None
     if out_path is not None:
@@ -69,6 +72,9 @@ def select_layer(
         except OSError as exc:  # checked above, but the disk can still fill up: print the results first
             failed = exc
     typer.echo(json.dumps(_finite(result)) if as_json else _report(result), nl=as_json)
+    from mmspec_cli.cli.display import report_compiling
+
+    report_compiling()
     if failed is not None:
         raise InputError(f"--write {shorten(write)} could not be written ({failed.strerror or failed}); "
                          f"set ssd.layer: {result['chosen']} in a copy of the profile by hand")

@@ -121,6 +121,10 @@ class Drafter(ABC):
     def bind_target(self, runner: Any) -> None:
         """Receive the engine's target :class:`~mmspec_cli.decoding.kv.CachedModel`; ``ssd`` drafts over its cache."""
 
+    def reserve(self, after_prompt: int) -> None:
+        """Room for ``after_prompt`` positions after this turn's prompt in the drafter's own static KV states
+        (allocated at the start of a turn, not in its middle); nothing for a drafter without one."""
+
     def slow_start(self, images: Sequence[Any]) -> bool:
         """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""
         return False

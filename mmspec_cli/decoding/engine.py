@@ -18,6 +18,7 @@ from typing import Any
 from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.decoding.conversation import conversation
 from mmspec_cli.decoding.events import BlockVerified, Event, Generation, TurnResult, collect
+from mmspec_cli.decoding.compiled import PADDED_SIZES
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.decoding.schedules import GammaSchedule, check_schedule
@@ -71,6 +72,11 @@ def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: st
                      f"more than the {role}'s context of {context}; {fix}")
 
 
+#: Room a static KV state keeps beyond the prompt and ``max_new_tokens``: a compiled step's padding, a tree's
+#: nodes. A step that needs more grows the state (reallocated, so compiled again).
+STATIC_SLACK = 2 * PADDED_SIZES[-1]
+
+
 class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``drafter``; reusable across calls and turns.
 
@@ -95,6 +101,7 @@ class SpeculativeDecoder:
         tree_budget: int = 30,
         tree_depth: int = 3,
         tree_topk: int = 8,
+        kv: str = "dynamic",
     ):
         self.target = target
         self.drafter = drafter
@@ -108,7 +115,7 @@ class SpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.seed = seed
-        self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id)
+        self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id, kv=kv)
         drafter.bind_target(self.runner)
         self.step = BlockStep(self.runner, drafter, self.tree)
         self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
@@ -147,10 +154,12 @@ class SpeculativeDecoder:
         clock = TurnClock(self.drafter)
         prompt = process(self.target.processor, text, images)
         check_context(self.target.model.config, len(prompt.ids), max_new_tokens)  # before any forward
+        self.runner.reserve(len(prompt.ids) + max_new_tokens + STATIC_SLACK)  # a static state: allocated now
         self._begin_turn(text, images, prompt)
         for model, tokens in self.drafter.prompt_lengths():  # each draft's own view of the prompt (text-only, ...)
             check_context(model.config, tokens, max_new_tokens, "draft", f"the prompt as drafter {self.drafter.name} "
                           f"shows it to the draft")
+        self.drafter.reserve(max_new_tokens + STATIC_SLACK)
         output = TurnOutput(turn, self.eos)
         schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
         while not output.finished and len(output.tokens) < max_new_tokens:

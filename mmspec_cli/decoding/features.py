@@ -56,33 +56,53 @@ def tap_for(model: Any) -> _Tap:
 
 
 class FeatureTrack:
-    """Input embeddings and last hidden states (after the final norm) of the cached positions, (len, H) each."""
+    """Input embeddings and last hidden states (after the final norm) of the cached positions, (len, H) each.
+
+    The rows live in two preallocated buffers that double when full, so a long turn appends in
+    amortised O(1) per position instead of re-copying every row (``torch.cat``); :attr:`embeds` and
+    :attr:`hidden` are views of the held rows.
+    """
 
     def __init__(self, model: Any):
         self.tap = tap_for(model)
-        self.embeds: torch.Tensor | None = None
-        self.hidden: torch.Tensor | None = None
+        self._embeds: torch.Tensor | None = None  # (capacity, H)
+        self._hidden: torch.Tensor | None = None
+        self.length = 0
         self._tree: list[tuple[torch.Tensor, torch.Tensor]] = []  # rows of fed tree nodes, in feeding order
 
     def __len__(self) -> int:
-        return 0 if self.hidden is None else self.hidden.shape[0]
+        return self.length
+
+    @property
+    def embeds(self) -> torch.Tensor | None:
+        return None if self._embeds is None else self._embeds[:self.length]
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        return None if self._hidden is None else self._hidden[:self.length]
 
     def clear(self) -> None:
-        self.embeds = self.hidden = None
+        self.length = 0
         self._tree = []
 
     def crop(self, length: int) -> None:
         self._tree = []
-        if self.hidden is not None and self.hidden.shape[0] > length:
-            self.embeds, self.hidden = self.embeds[:length], self.hidden[:length]
+        self.length = min(self.length, length)
 
     def extend(self) -> None:
-        """Append every row of the forward that just ran (the positions it fed, in order)."""
+        """Append every row of the (eager) forward that just ran (the positions it fed, in order)."""
         self._append(*self.tap.take())
 
+    def append_rows(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Append rows a compiled forward returned (a forward hook does not run inside a compiled graph)."""
+        self._append(embeds, hidden)
+
     def hold_tree(self) -> None:
-        """Keep the rows of the tree nodes the forward that just ran fed, until :meth:`settle_tree`."""
-        embeds, hidden = self.tap.take()
+        """Keep the rows of the tree nodes the (eager) forward that just ran fed, until :meth:`settle_tree`."""
+        self.hold_tree_rows(*self.tap.take())
+
+    def hold_tree_rows(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Keep these tree nodes' rows (in feeding order) until :meth:`settle_tree`."""
         self._tree.extend(zip(embeds, hidden))
 
     def settle_tree(self, fed_nodes: Sequence[int]) -> None:
@@ -96,7 +116,15 @@ class FeatureTrack:
         self._tree = []
 
     def _append(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
-        if self.hidden is None:
-            self.embeds, self.hidden = embeds, hidden
-        else:
-            self.embeds, self.hidden = torch.cat([self.embeds, embeds]), torch.cat([self.hidden, hidden])
+        needed = self.length + hidden.shape[0]
+        if self._hidden is None or needed > self._hidden.shape[0]:
+            capacity = max(needed, 2 * (0 if self._hidden is None else self._hidden.shape[0]), 64)
+            grown_e = embeds.new_empty(capacity, embeds.shape[-1])
+            grown_h = hidden.new_empty(capacity, hidden.shape[-1])
+            if self.length:
+                grown_e[:self.length] = self._embeds[:self.length]
+                grown_h[:self.length] = self._hidden[:self.length]
+            self._embeds, self._hidden = grown_e, grown_h
+        self._embeds[self.length:needed] = embeds
+        self._hidden[self.length:needed] = hidden
+        self.length = needed

@@ -2,10 +2,12 @@
 
 Target and drafters talk to their models only through :class:`CachedModel.logits`: "give
 me the logits of the last ``keep`` positions of this token sequence". The runner finds
-the longest prefix already in the cache, crops the rest with transformers' own
-``Cache.crop`` (the rollback after a rejected draft), and feeds only the new tokens. The
-whole prefix is never re-run, except when the new part contains image placeholders
-(their pixels must go through the vision tower with the full prompt).
+the longest prefix already in its KV state (:mod:`.kv_state`), rolls the rest back, and feeds
+only the new tokens at explicit positions (:mod:`mmspec_cli.models.positions`). The engine rolls
+the target back as a visible step after verification (:meth:`CachedModel.rollback`), so the
+target's next call finds its prefix held already. The whole prefix is never re-run, except when
+the new part contains image placeholders (their pixels must go through the vision tower with the
+full prompt).
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from transformers import DynamicCache
-
+from mmspec_cli.decoding.compiled import CompiledForward, compiled_forward, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
-from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
+from mmspec_cli.models.positions import positions_for
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -55,19 +57,53 @@ def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
     return True
 
 
-class CachedModel:
-    """Runs ``model`` incrementally over growing (and sometimes rolled-back) token sequences."""
+#: How a cached model keeps its KV state: transformers' DynamicCache, a static preallocated one, or the
+#: static one with the steps compiled (``decoding.compile``).
+KV_KINDS = ("dynamic", "static", "compiled")
 
-    def __init__(self, model: torch.nn.Module, role: str, image_token_id: int | None):
+
+class CachedModel:
+    """Runs ``model`` incrementally over growing (and rolled-back) token sequences, over one :class:`KVState`.
+
+    ``kv``: ``dynamic`` (a ``DynamicCache``), ``static`` (the model's one preallocated state in this
+    process, eager) or ``compiled`` (that state, with the short steps compiled: :mod:`.compiled`).
+    """
+
+    def __init__(self, model: torch.nn.Module, role: str, image_token_id: int | None, kv: str = "dynamic"):
+        if kv not in KV_KINDS:
+            raise ValueError(f"kv must be one of {KV_KINDS}, not {kv!r}")
         self.model = model
         self.role = role
         self.image_token_id = image_token_id
         self.device = model.device
-        self.cache = DynamicCache(config=model.config)
-        self.ids: list[int] = []  # the token ids whose keys/values the cache holds, in order
+        self.kv = kv
+        self.positions = positions_for(model)
+        self.compiled: CompiledForward | None = compiled_forward(model, role) if kv == "compiled" else None
+        self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
+        self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
         self.tree: PendingTree | None = None  # a token tree fed after ``ids`` and not settled yet
         self.features: FeatureTrack | None = None  # the model's own features at ``ids``, when a draft head reads them
+
+    @property
+    def cache(self):
+        """The transformers ``Cache`` the state holds."""
+        return self.state.cache
+
+    def _claim(self) -> KVState:
+        """The state, ready to use: a static one another cached model filled since is emptied and re-fed."""
+        if self.kv != "dynamic":
+            self.state, mine = static_pool(self.model).claim(self, len(self.ids) + 1)
+            if not mine:
+                self.state.reset()
+                self._forget()
+        return self.state
+
+    def reserve(self, positions: int) -> None:
+        """Room for ``positions`` in a static state (allocated or grown now, not in the middle of a turn)."""
+        if self.kv != "dynamic":
+            self._claim()  # first: a state another cached model used is emptied for this one
+            static_pool(self.model).claim(self, positions)
 
     def track_features(self) -> FeatureTrack:
         """From now on keep the model's input embeddings and last hidden states of every cached position."""
@@ -77,21 +113,27 @@ class CachedModel:
         return self.features
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self._claim()
+        self.state.reset()
+        self._forget()
+
+    def _forget(self) -> None:
         self.ids = []
         self.vision = {}
         self.tree = None
         if self.features is not None:
             self.features.clear()
 
-    def truncate(self, length: int) -> None:
-        """Keep only the first ``length`` cached positions (a self-speculative drafter then extends them)."""
+    def rollback(self, length: int) -> None:
+        """Hold only the first ``length`` ids: the step after verification that drops a rejected draft's tail
+        (self-speculative drafting then extends them again)."""
+        self._claim()
         self._drop_tree()
         self._crop(length)
         self.ids = self.ids[:length]
 
     def _crop(self, length: int) -> None:
-        crop_to(self.cache, length)
+        self.state.rollback(length)
         if self.features is not None:
             self.features.crop(length)
 
@@ -100,6 +142,7 @@ class CachedModel:
     def hold(self, ids: Sequence[int], vision: Mapping[str, torch.Tensor] | None = None,
              prompt_len: int | None = None) -> None:
         """Make the cache hold exactly ``ids``, feeding only what it lacks (nothing if it holds them already)."""
+        self._claim()
         self._drop_tree()
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
@@ -114,13 +157,24 @@ class CachedModel:
     def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Feed tree nodes after the held ids (``parents``: earlier node indices, -1 for the held ids);
         logits (n, V) of every node. Nodes fed by earlier calls stay visible to their descendants."""
+        state = self._claim()
         if self.tree is None:
             self.tree = PendingTree(base=len(self.ids))
         nodes = self.tree.add(tokens, parents)
-        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.device)  # (1, 1, n, base + fed), (1, n)
+        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.device, positions=self.positions,
+                                           width=state.mask_width(len(nodes)))  # (1, 1, n, W), (1, n)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
+        compiled = self.compiled(state, input_ids, positions, mask) if self.compiled is not None else None
+        if compiled is not None:
+            logits, embeds, hidden = (out[0] for out in compiled)
+            if self.features is not None:
+                self.features.hold_tree_rows(embeds, hidden)
+            return logits  # (n, V)
+        if state.static:
+            state.room_for(len(nodes))
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=0)
+                         past_key_values=state.cache, use_cache=True, logits_to_keep=0)
+        state.wrote(len(nodes))
         if self.features is not None:
             self.features.hold_tree()
         return out.logits[0]  # (n, V)
@@ -130,14 +184,14 @@ class CachedModel:
         """Settle the tree: keep the entries of ``nodes`` (one path from the tree's top) after the held ids."""
         if self.tree is not None:
             fed = [node for node in nodes if node < len(self.tree.parents)]
-            self.ids = self.ids + self.tree.settle(self.cache, nodes)
+            self.ids = self.ids + self.tree.settle(self._claim(), nodes)
             self.tree = None
             if self.features is not None:
                 self.features.settle_tree(fed)
 
     def _drop_tree(self) -> None:
         if self.tree is not None:
-            self.tree.drop(self.cache)
+            self.tree.drop(self.state)
             self.tree = None
             if self.features is not None:
                 self.features.drop_tree()
@@ -153,6 +207,7 @@ class CachedModel:
         feed reaches back into the prompt's placeholders, the prompt is encoded again from the
         start with its pixels, never spliced.
         """
+        self._claim()
         self._drop_tree()
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
@@ -177,12 +232,35 @@ class CachedModel:
         return torch.cat([p for p in parts if p is not None])  # (keep, V)
 
     def _forward(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], wanted: int) -> torch.Tensor | None:
-        """Feed ``ids`` (with ``images`` for their placeholders); logits of the last ``wanted`` positions."""
+        """Feed ``ids`` (with ``images`` for their placeholders) at the next positions; logits of the last
+        ``wanted`` positions."""
+        state = self.state
+        positions = self.positions.chain(state.length, len(ids), self.device)  # (1, n)
+        compiled = None
+        if self.compiled is not None and not images:
+            input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
+            compiled = self.compiled(state, input_ids, positions, None)
+        if compiled is not None:
+            logits, embeds, hidden = (out[0] for out in compiled)
+            if self.features is not None:
+                self.features.append_rows(embeds, hidden)
+        else:
+            logits = self._eager(ids, images, positions, wanted)
+            if self.features is not None:
+                self.features.extend()
+        return logits[-wanted:] if wanted else None
+
+    def _eager(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], positions: torch.Tensor,
+               wanted: int) -> torch.Tensor:
+        state = self.state
+        if state.static:
+            state.room_for(len(ids))
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
         try:
             out = self.model(
                 input_ids=input_ids,
-                past_key_values=self.cache,
+                position_ids=positions,
+                past_key_values=state.cache,
                 use_cache=True,
                 logits_to_keep=max(wanted, 1),  # 0 would mean "all positions" to transformers
                 **{k: to_model(v, self.model) for k, v in images.items()},
@@ -192,9 +270,8 @@ class CachedModel:
                 f"CUDA ran out of memory in the {self.role} model; set {self.role}.quantization: 4bit "
                 f"(or 8bit), a smaller dtype such as float16, or a shorter prompt"
             ) from exc
-        if self.features is not None:
-            self.features.extend()
-        return out.logits[0, -wanted:] if wanted else None
+        state.wrote(len(ids))
+        return out.logits[0]
 
 
 def _placeholders_end(ids: Sequence[int], image_token_id: int | None) -> int:

@@ -1,13 +1,16 @@
 """One block: the drafter proposes, the target verifies in ONE forward, the drafter observes.
 
-1. the drafter proposes up to γ tokens after the verified ones (a chain), or a token tree
-   (its cache rolls back by itself);
-2. the target scores [last verified token, draft...] in ONE forward over its KV cache (a
-   tree goes through one forward with a tree mask, :mod:`.tree`); the first block of a turn
-   also feeds the prompt;
-3. the verification rule (:mod:`.verify`) accepts a prefix (for a tree: of one branch) and
-   adds the target's own token;
-4. the drafter sees the target's logits along the followed chain (TABED's evidence).
+1. **propose**: the drafter proposes up to γ tokens after the verified ones (a chain), or a
+   token tree (its cache rolls back by itself);
+2. **verify**: the target scores [last verified token, draft...] in ONE forward over its KV
+   cache (a tree goes through one forward with a tree mask, :mod:`.tree`); the first block of
+   a turn also feeds the prompt;
+3. **accept**: the verification rule (:mod:`.verify`) accepts a prefix (for a tree: of one
+   branch) and adds the target's own token;
+4. **roll back**: the target's KV state keeps the verified tokens and the accepted drafts
+   (:meth:`CachedModel.rollback`; a tree keeps its accepted path: ``keep_path``), so the next
+   block feeds only the target's token and the new draft;
+5. the drafter sees the target's logits along the followed chain (TABED's evidence).
 
 What the block added to the output, cut at EOS, is :class:`TurnOutput`'s business.
 """
@@ -66,6 +69,7 @@ class BlockStep:
             draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
             draft_s = laps.lap()
             verdict, logits = self._verify(prompt, generated, draft, picker)
+            self.target.rollback(len(prompt.ids) + len(generated) + verdict.accepted)  # the rejected tail goes
         verify_s = laps.lap()
         if len(draft):
             self.drafter.observe(logits, draft, verdict, picker)

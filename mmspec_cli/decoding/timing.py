@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mmspec_cli.decoding.compiled import LOG as COMPILE_LOG
+
 
 class Laps:
     """Seconds between successive calls of :meth:`lap`, starting now."""
@@ -25,13 +27,15 @@ class Laps:
 
 
 class TurnClock:
-    """A turn's wall time, less the pauses taken with :meth:`paused` and the drafter's captioning."""
+    """A turn's wall time, less the pauses taken with :meth:`paused`, the drafter's captioning, and the time
+    ``--compile`` spent compiling a step shape seen for the first time (reported on its own line)."""
 
     def __init__(self, drafter: Any):
         self.drafter = drafter
         self.start = time.perf_counter()
         self.paused_s = 0.0
         self.captioned_before = drafter.caption_seconds
+        self.compiled_before = COMPILE_LOG.total_s
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -48,4 +52,5 @@ class TurnClock:
 
     @property
     def decoding_s(self) -> float:
-        return time.perf_counter() - self.start - self.paused_s - self.caption_s
+        compiling = COMPILE_LOG.total_s - self.compiled_before
+        return time.perf_counter() - self.start - self.paused_s - self.caption_s - compiling

@@ -22,8 +22,8 @@ is; no transformers code is patched.
 ``[root] + nodes``, so node ``i`` is fed as ``i + 1`` (:func:`rooted_parents`, :func:`rooted`).
 
 **Settling.** After verification only the accepted path stays in each cache:
-:meth:`PendingTree.settle` moves those entries to follow the prefix and crops the rest
-(``rollback.keep_positions``).
+:meth:`PendingTree.settle` moves those entries to follow the prefix and rolls the rest back
+(:meth:`~mmspec_cli.decoding.kv_state.KVState.keep`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache
-
 from mmspec_cli.choices import MAX_TREE_WIDTH, tree_kind
-from mmspec_cli.decoding.rollback import crop_to, keep_positions
+from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models.positions import TEXT_POSITIONS, Positions
 
 #: Decoders whose attention takes a prepared 4-D additive mask as it is (eager and sdpa attention).
 MASKABLE_DECODERS = ("llama", "mistral", "qwen2")
@@ -260,35 +259,39 @@ class PendingTree:
         _depths(self.parents)  # refuses a parent that is not an earlier node
         return list(range(first, len(self.parents)))
 
-    def inputs(self, nodes: Sequence[int], dtype: torch.dtype, device,
-               prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention mask (B, 1, n, base + fed) and position ids (B, n) for feeding ``nodes``.
+    def inputs(self, nodes: Sequence[int], dtype: torch.dtype, device, prefix: torch.Tensor | None = None,
+               positions: Positions = TEXT_POSITIONS, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention mask (B, 1, n, W) and position ids (B, n) for feeding ``nodes``.
 
         ``prefix`` (B, base), 1 at each row's real positions (batched rows are left-padded), or
         None for one row with every position real; a node's position is its row's count of real
-        prefix positions plus its depth.
+        prefix positions plus its depth (``positions.tree``). ``width`` W: the key length of the
+        cache the nodes are fed into (a static state's capacity; default ``base + fed``); the
+        columns after the fed nodes are hidden.
         """
         fed = len(self.parents)
         shape = TreeTopology(tuple(self.parents))
         prefix = torch.ones(1, self.base, dtype=torch.bool) if prefix is None else prefix.to("cpu", torch.bool)
         rows = prefix.shape[0]
         seen = shape.ancestors_mask(nodes, fed)  # (n, fed)
-        allowed = torch.cat([prefix[:, None, :].expand(rows, len(nodes), self.base),
-                             seen[None].expand(rows, -1, -1)], dim=-1)  # (B, n, base + fed)
+        parts = [prefix[:, None, :].expand(rows, len(nodes), self.base), seen[None].expand(rows, -1, -1)]
+        if width is not None and width > self.base + fed:
+            parts.append(torch.zeros(rows, len(nodes), width - self.base - fed, dtype=torch.bool))
+        allowed = torch.cat(parts, dim=-1)  # (B, n, W)
         depths = torch.tensor([shape.depths[n] for n in nodes])  # (n,)
         start = prefix.long().sum(dim=1, keepdim=True)  # (B, 1)
-        return additive_mask(allowed[:, None].to(device), dtype), (start + depths[None, :]).to(device)
+        return additive_mask(allowed[:, None].to(device), dtype), positions.tree(start, depths).to(device)
 
-    def settle(self, cache: Cache, nodes: Sequence[int]) -> list[int]:
-        """Keep the entries of ``nodes`` (a path from depth 0) after the prefix; their tokens.
+    def settle(self, state: KVState, nodes: Sequence[int]) -> list[int]:
+        """Keep the entries of ``nodes`` (a path from depth 0) after the prefix in ``state``; their tokens.
 
         Nodes of the path that were never fed (a drafter does not feed its tree's last level)
         are skipped: they are the path's tail.
         """
         fed = [node for node in nodes if node < len(self.parents)]
-        keep_positions(cache, self.base, [self.base + node for node in fed])
+        state.keep(self.base, [self.base + node for node in fed])
         return [self.tokens[node] for node in fed]
 
-    def drop(self, cache: Cache) -> None:
-        """Forget every node: the cache holds the prefix alone again."""
-        crop_to(cache, self.base)
+    def drop(self, state: KVState) -> None:
+        """Forget every node: the state holds the prefix alone again."""
+        state.rollback(self.base)

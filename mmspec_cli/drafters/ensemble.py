@@ -59,6 +59,13 @@ class EnsembleDrafter(TreeDrafting, Drafter):
     def models(self) -> list[Any]:
         return [self.rows.model]
 
+    def bind_target(self, runner: Any) -> None:
+        """The rows' state is of the target's kind: static and compiled when the target's is."""
+        self.rows.use_kv(runner.kv)
+
+    def reserve(self, after_prompt: int) -> None:
+        self.rows.reserve(after_prompt)
+
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         rows = [view(prompt_text, images) for view in self.views]
         self._longest = max(len(row.ids) for row in rows)

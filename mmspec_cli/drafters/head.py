@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from mmspec_cli.decoding.drafter import Draft, Drafter
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.compiled import CompiledStep, shared_step, static_pool
+from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
@@ -52,18 +52,51 @@ class HeadDrafter(TreeDrafting, Drafter):
         self.runner: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prefilled = False
+        self.kv = "dynamic"  # the target's kind (bind_target): static and compiled when the target's is
+        self.compiled: CompiledStep | None = None
         self._reset_head()
 
     def _reset_head(self) -> None:
-        self.cache = DynamicCache(config=self.head.config)
-        self.entries = 0  # entries in the head's cache (compressed image tokens replace whole images)
+        # the head's KV state; its length counts entries, not positions (compressed image tokens replace images)
+        if self.kv == "dynamic":
+            self.state = DynamicKV(config=self.head.config)
+        else:
+            self.state = static_pool(self.head, "head").claim(self, 1)[0]
+            self.state.reset()
         self.pairs_done = 0  # pairs (f_p, e_{p+1}) fed so far: p < pairs_done
         self.glob: torch.Tensor | None = None  # the latest image's global feature g (vispec)
         self.last_h: torch.Tensor | None = None  # the head's output at the last fed pair
 
+    @property
+    def entries(self) -> int:
+        """Entries in the head's cache."""
+        return self.state.length
+
+    @property
+    def cache(self):
+        return self.state.cache
+
     def bind_target(self, runner: CachedModel) -> None:
         self.runner = runner
         runner.track_features()
+        if runner.kv != self.kv:
+            self.kv = runner.kv
+            head = self.head
+            self.compiled = shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
+                head.body(inputs, positions, mask, cache),), "head", self.device) if self.kv == "compiled" else None
+            self._reset_head()
+
+    def reserve(self, after_prompt: int) -> None:
+        if self.kv != "dynamic":
+            self._claim()
+            static_pool(self.head, "head").claim(self, len(self.prompt.ids) + after_prompt)
+
+    def _claim(self) -> None:
+        """A static state another head drafter filled since is started over: the catch-up feeds every pair again."""
+        if self.kv != "dynamic":
+            self.state, mine = static_pool(self.head, "head").claim(self, self.entries + 1)
+            if not mine:
+                self._reset_head()
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = process(self.target.processor, prompt_text, images)
@@ -76,6 +109,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         """Feed the head every verified pair it lacks; returns the verified ids."""
         if self.runner is None:
             raise RuntimeError("HeadDrafter needs bind_target(runner) before propose")
+        self._claim()
         verified = self.prompt.ids + list(generated)
         held = len(verified) - 1
         self.runner.hold(verified[:held], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), held))
@@ -93,7 +127,6 @@ class HeadDrafter(TreeDrafting, Drafter):
         if len(seq.positions):
             out = self._forward(seq.inputs, torch.tensor([seq.positions], device=self.device),
                                 causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
-            self.entries += len(seq.positions)
             self.last_h = out[-1]
         self.pairs_done, self.glob = held, seq.glob
         return verified
@@ -103,7 +136,16 @@ class HeadDrafter(TreeDrafting, Drafter):
 
     def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(n, H) layer inputs -> (n, H) outputs, appended to the head's cache."""
-        return self.head.body(inputs[None], positions, mask, self.cache)[0]
+        state = self.state
+        mask = state.fit_mask(mask)
+        compiled = self.compiled(state, inputs[None], positions, mask) if self.compiled is not None else None
+        if compiled is not None:
+            return compiled[0][0]
+        if state.static:
+            state.room_for(inputs.shape[0])
+        out = self.head.body(inputs[None], positions, mask, state.cache)[0]
+        state.wrote(inputs.shape[0])
+        return out
 
     def _fuse(self, tokens: Sequence[int], parents_h: torch.Tensor) -> torch.Tensor:
         """Layer inputs (n, H) of drafted tokens, each fed with its parent's output as its feature."""
@@ -132,7 +174,7 @@ class HeadDrafter(TreeDrafting, Drafter):
             seen = base + step
             h = self._forward(self._fuse([token], h[None]), torch.tensor([[position + step]], device=self.device),
                               causal_mask(1, seen, h.dtype, self.device))[-1]
-        crop_to(self.cache, base)  # drafted entries go: the next catch-up feeds the target's features
+        self.state.rollback(base)  # drafted entries go: the next catch-up feeds the target's features
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
 
     # ------------------------------------------------------------------ trees (tree_drafting)
@@ -156,5 +198,5 @@ class HeadDrafter(TreeDrafting, Drafter):
         return proposal(self._logits(out), picker)  # (n, V)
 
     def tree_done(self) -> None:
-        self._tree.drop(self.cache)
+        self._tree.drop(self.state)
         self._outputs = []

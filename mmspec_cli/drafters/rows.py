@@ -5,7 +5,7 @@ images are shown to the draft); everything after it, the generated tokens and la
 text, is the same for all rows ("shared" tokens). Heads are left-padded to a common length
 with an attention mask, and each row gets its own positions, so every draft step is one
 forward for all rows and each row computes what it would compute alone. Rolling back
-after verification crops all rows' caches together (``Cache.crop``).
+after verification rolls all rows' caches back together (one :class:`~mmspec_cli.decoding.kv_state.KVState`).
 
 Inputs are given as embeddings (``inputs_embeds``): text embeddings with each image's
 placeholder positions filled by its projected vision features, optionally average-pooled
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
-from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.decoding.compiled import CompiledForward, compiled_forward, static_pool
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors
-from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
+from mmspec_cli.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -113,13 +113,17 @@ def _images(row: Row) -> dict[str, torch.Tensor]:
 class BatchedRows:
     """The KV cache of a batch of rows: left-padded heads, then shared tokens fed to all rows."""
 
-    def __init__(self, model, image_token_id: int | None):
+    def __init__(self, model, image_token_id: int | None, kv: str = "dynamic"):
         self.model = model
         self.image_token_id = image_token_id
         self.heads: list[list[int]] = []
         self.pixels: list[dict[str, torch.Tensor]] = []  # each head's image tensors
+        self.rows: list[Row] = []  # the rows of the last prefill (a static state lost to another batch: re-fed)
         self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
-        self.cache = DynamicCache(config=model.config)
+        self.kv = "dynamic"
+        self.state: KVState = DynamicKV(config=model.config)
+        self.compiled: CompiledForward | None = None
+        self.use_kv(kv)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
         self.head_logits: torch.Tensor | None = None
@@ -128,6 +132,36 @@ class BatchedRows:
     @property
     def width(self) -> int:
         return len(self.heads)
+
+    def use_kv(self, kv: str) -> None:
+        """Keep the rows' KV state as ``kv`` says (``kv.KV_KINDS``): static, and compiled, when the target's is.
+        A static state is one per model and batch width in this process (``compiled.static_pool``)."""
+        if kv != self.kv:
+            self.kv = kv
+            self.compiled = compiled_forward(self.model, "draft") if kv == "compiled" else None
+            self.heads = []  # the next begin prefills into the new state
+
+    def _pool(self):
+        return static_pool(self.model, f"rows{self.width}")
+
+    def _owned(self) -> bool:
+        """Whether the state still holds these rows (a static state another batch of rows used since does not)."""
+        if self.kv == "dynamic" or not self.width:
+            return True
+        self.state, mine = self._pool().claim(self, self.state.length + 1)
+        return mine
+
+    def _still_mine(self) -> bool:
+        """:meth:`_owned`; when not, the rows are prefilled again (their shared tokens are then fed anew)."""
+        mine = self._owned()
+        if not mine:
+            self._prefill(self.rows)
+        return mine
+
+    def reserve(self, after: int) -> None:
+        """Room in a static state for ``after`` more positions than the rows hold (at the start of a turn)."""
+        if self.kv != "dynamic" and self.width and self._still_mine():
+            self._pool().claim(self, self.state.length + after)
 
     def begin(self, rows: Sequence[Row]) -> list[int]:
         """Use these rows' prompts; returns the shared tokens that must precede the generated ones.
@@ -138,7 +172,7 @@ class BatchedRows:
         """
         self._drop_tree()
         same_images = all(same_tensors(_images(r), old) for r, old in zip(rows, self.pixels))
-        if len(rows) == self.width and self.width and same_images:
+        if len(rows) == self.width and self.width and same_images and self._owned():
             tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
             if len(tails) == self.width and all(t == tails[0] for t in tails) and self.image_token_id not in tails[0]:
                 return list(tails[0])
@@ -155,8 +189,13 @@ class BatchedRows:
         for b, e in enumerate(embeds):
             batch[b, length - e.shape[0]:] = e
             mask[b, length - e.shape[0]:] = 1
-        self.cache = DynamicCache(config=self.model.config)
+        if self.kv == "dynamic":
+            self.state.reset()
+        else:
+            self.state = static_pool(self.model, f"rows{len(rows)}").claim(self, length)[0]
+            self.state.reset()
         self.heads = [list(r.ids) for r in rows]
+        self.rows = list(rows)
         self.pixels = [_images(r) for r in rows]
         self.shared = []
         self.mask = mask
@@ -166,17 +205,26 @@ class BatchedRows:
     def _forward(self, fresh: int, **inputs) -> torch.Tensor:
         """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V)."""
         positions = (self.mask.cumsum(1) - 1).clamp_min(0)[:, -fresh:]  # (B, fresh): each row counts its own tokens
+        state = self.state
         mask = self.mask
-        if self.shared and self.model.config._attn_implementation in ("sdpa", "eager"):
+        if state.static or (self.shared and self.model.config._attn_implementation in ("sdpa", "eager")):
             mask = additive_step_mask(self.mask, fresh, self.model.dtype)  # saves rebuilding it from 2-D each step
-        out = self.model(attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+            mask = state.fit_mask(mask)  # a static state: as wide as its capacity
+        if self.compiled is not None and "input_ids" in inputs:
+            compiled = self.compiled(state, inputs["input_ids"], positions, mask)
+            if compiled is not None:
+                return compiled[0][:, -1]
+        if state.static:
+            state.room_for(fresh)
+        out = self.model(attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                          use_cache=True, logits_to_keep=1, **inputs)
+        state.wrote(fresh)
         return out.logits[:, -1]
 
     def _rollback(self, keep: int) -> None:
         """Keep the heads and the first ``keep`` shared tokens in the cache and the mask."""
         head_len = self.mask.shape[1] - len(self.shared)
-        crop_to(self.cache, head_len + keep)
+        self.state.rollback(head_len + keep)
         self.mask = self.mask[:, : head_len + keep]
         self.shared = self.shared[:keep]
 
@@ -184,6 +232,7 @@ class BatchedRows:
     def logits(self, shared: Sequence[int]) -> torch.Tensor:
         """Next-token logits (B, V) of every row after its head and ``shared``."""
         self._drop_tree()
+        self._still_mine()
         keep = common_prefix_length(self.shared, shared)
         if keep == len(shared):  # nothing new to feed
             if keep == len(self.shared) and self.last_logits is not None:
@@ -214,11 +263,18 @@ class BatchedRows:
         if self.tree is None:
             self.tree = PendingTree(base=self.mask.shape[1])
         nodes = self.tree.add(tokens, parents)
-        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.model.device,
-                                           prefix=self.mask)  # (B, 1, n, L), (B, n)
+        state = self.state
+        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.model.device, prefix=self.mask,
+                                           width=state.mask_width(len(nodes)))  # (B, 1, n, W), (B, n)
         ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+        compiled = self.compiled(state, ids, positions, mask) if self.compiled is not None else None
+        if compiled is not None:
+            return compiled[0]  # (B, n, V)
+        if state.static:
+            state.room_for(len(nodes))
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                          use_cache=True, logits_to_keep=0)
+        state.wrote(len(nodes))
         return out.logits  # (B, n, V)
 
     @torch.inference_mode()
@@ -226,7 +282,7 @@ class BatchedRows:
         """Settle the tree: the entries of ``nodes`` (one path) become shared tokens of every row."""
         if self.tree is None:
             return
-        kept = self.tree.settle(self.cache, nodes)
+        kept = self.tree.settle(self.state, nodes)
         ones = torch.ones(self.width, len(kept), dtype=torch.long, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
         self.shared = self.shared + kept
@@ -235,5 +291,5 @@ class BatchedRows:
 
     def _drop_tree(self) -> None:
         if self.tree is not None:
-            self.tree.drop(self.cache)
+            self.tree.drop(self.state)
             self.tree = None

@@ -68,6 +68,15 @@ class SingleModelDrafter(TreeDrafting, Drafter):
     def prompt_lengths(self) -> list[tuple[Any, int]]:
         return [(self.runner.model, len(self.prompt.ids))]
 
+    def bind_target(self, runner: CachedModel) -> None:
+        """The draft's state is of the target's kind: static and compiled when the target's is."""
+        if runner.kv != self.runner.kv:
+            self.runner = CachedModel(self.runner.model, role="draft", image_token_id=self.runner.image_token_id,
+                                      kv=runner.kv)
+
+    def reserve(self, after_prompt: int) -> None:
+        self.runner.reserve(len(self.prompt.ids) + after_prompt)
+
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         ids = self.prompt.ids + list(generated)
         tokens: list[int] = []

@@ -38,15 +38,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
 
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.parts import text_decoder
+from mmspec_cli.models.positions import TEXT_POSITIONS
 from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.decoding.drafter import Draft, Drafter
+from mmspec_cli.decoding.compiled import CompiledStep, shared_step
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.rollback import crop_to
+from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.drafters.single import proposal
@@ -99,16 +100,18 @@ def early_exit_decoder(model: Any, layers: int, imitation: torch.nn.Module | Non
     return view.eval()
 
 
-def shared_layers(cache: Cache, layers: int) -> Cache:
-    """A ``Cache`` over the first ``layers`` layer objects of ``cache``: writes through it land in ``cache``."""
-    return Cache(layers=list(cache.layers[:layers]))
-
-
-def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, cache: Cache, ids: torch.Tensor,
-                      **tree: Any) -> torch.Tensor:
-    """Logits (n, V) of ``ids`` (1, n) fed after ``cache`` through an :func:`early_exit_decoder` and the target's LM
-    ``head`` (``tree``: a tree's mask and positions): one draft step of ``ssd``, which ``profile-latency`` times."""
-    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True, **tree).last_hidden_state  # (1, n, H)
+def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, state: KVState, ids: torch.Tensor,
+                      position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """Logits (n, V) of ``ids`` (1, n) fed after ``state`` (a view of the target's first layers:
+    :meth:`~mmspec_cli.decoding.kv_state.KVState.view`) through an :func:`early_exit_decoder` and the target's LM
+    ``head``, at ``position_ids`` (default: the chain after the state) with a tree's ``attention_mask`` if given:
+    one draft step of ``ssd``, which ``profile-latency`` times."""
+    if position_ids is None:
+        position_ids = TEXT_POSITIONS.chain(state.length, ids.shape[1], ids.device)
+    hidden = decoder(input_ids=ids, past_key_values=state.cache, use_cache=True, position_ids=position_ids,
+                     attention_mask=attention_mask).last_hidden_state  # (1, n, H)
+    state.wrote(ids.shape[1])
     return head(hidden[0])  # (n, V)
 
 
@@ -127,18 +130,32 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.runner: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prefilled = False
-        self._cache: Cache | None = None  # while a tree is drafted: the draft's view of the target's cache,
+        self._view: KVState | None = None  # while a tree is drafted: the draft's view of the target's cache,
         self._context = 0  # the verified context it is cropped back to,
         self._tree: PendingTree | None = None  # and the tree's nodes in it
+        self.compiled: CompiledStep | None = None
 
     def bind_target(self, runner: CachedModel) -> None:
         self.runner = runner
+        self.compiled = None
+        if runner.kv == "compiled":  # the early exit's step, compiled over the target's static state
+            decoder, head = self.decoder, self.head
+
+            def make():
+                def early_exit(ids, positions, mask, cache):
+                    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True, position_ids=positions,
+                                     attention_mask=mask).last_hidden_state
+                    return (head(hidden),)
+                return early_exit
+
+            name = f"ssd-{self.layer}-{id(self.imitation)}"  # one per layer and imitation network
+            self.compiled = shared_step(runner.model, name, make, "ssd draft", runner.device)
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = process(self.target.processor, prompt_text, images)
         self.prefilled = False
 
-    def _start(self, generated: Sequence[int]) -> tuple[list[int], int, Cache]:
+    def _start(self, generated: Sequence[int]) -> tuple[list[int], int, KVState]:
         """The verified ids, the cached context length, and the draft's view of the target's cache."""
         runner = self.runner
         if runner is None:
@@ -148,40 +165,48 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         if not self.prefilled:  # a new turn: the target encodes the prompt (reusing what its cache still holds)
             runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
             self.prefilled = True
-        runner.truncate(context)
-        return verified, context, shared_layers(runner.cache, self.layer)
+        runner.rollback(context)
+        return verified, context, runner.state.view(self.layer)
 
-    def _logits(self, cache: Cache, tokens: Sequence[int], **tree) -> torch.Tensor:
-        """Logits (n, V) of the early exit for ``tokens`` fed after ``cache`` (``tree``: mask and positions)."""
+    def _logits(self, view: KVState, tokens: Sequence[int], **tree) -> torch.Tensor:
+        """Logits (n, V) of the early exit for ``tokens`` fed after ``view`` (``tree``: mask and positions)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.runner.device)  # (1, n)
-        return early_exit_logits(self.decoder, self.head, cache, ids, **tree)  # (n, V)
+        tree.setdefault("position_ids", self.runner.positions.chain(view.length, len(tokens), ids.device))
+        if self.compiled is not None:
+            compiled = self.compiled(view, ids, tree["position_ids"], tree.get("attention_mask"))
+            if compiled is not None:
+                return compiled[0][0]  # (n, V)
+        if view.static:
+            view.room_for(len(tokens))
+        return early_exit_logits(self.decoder, self.head, view, ids, **tree)  # (n, V)
 
     @torch.inference_mode()
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        verified, context, cache = self._start(generated)
+        verified, context, view = self._start(generated)
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
         feed = verified[-1]
         for _ in range(gamma):
-            feed, probs = picker.choose(self._logits(cache, [feed])[-1])
+            feed, probs = picker.choose(self._logits(view, [feed])[-1])
             tokens.append(feed)
             if probs is not None:
                 dists.append(probs)
-        crop_to(cache, context)  # layers 0..n-1 back to the verified context: verification recomputes the block
+        view.rollback(context)  # layers 0..n-1 back to the verified context: verification recomputes the block
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
 
     @torch.inference_mode()
     def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        verified, self._context, self._cache = self._start(generated)
+        verified, self._context, self._view = self._start(generated)
         self._tree = PendingTree(base=len(verified))  # the tree hangs off the last verified token, fed here
-        return proposal(self._logits(self._cache, [verified[-1]])[-1], picker)  # (V,)
+        return proposal(self._logits(self._view, [verified[-1]])[-1], picker)  # (V,)
 
     @torch.inference_mode()
     def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes through the shared layers, each seeing the prefix and its own branch."""
         nodes = self._tree.add(tokens, parents)
-        mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.runner.device)  # (1, 1, n, L), (1, n)
-        return proposal(self._logits(self._cache, tokens, attention_mask=mask, position_ids=positions), picker)
+        mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.runner.device, positions=self.runner.positions,
+                                            width=self._view.mask_width(len(nodes)))  # (1, 1, n, W), (1, n)
+        return proposal(self._logits(self._view, tokens, attention_mask=mask, position_ids=positions), picker)
 
     def tree_done(self) -> None:
-        crop_to(self._cache, self._context)  # as in propose: verification recomputes the block
+        self._view.rollback(self._context)  # as in propose: verification recomputes the block

@@ -290,6 +290,9 @@ class DecodingSpec:
     tree_budget: int = _key(_integer(2, MAX_TREE_BUDGET), 30)  # dynamic trees (EAGLE-2; ViSpec's 30, 3, 8)
     tree_depth: int = _key(_integer(1, MAX_GAMMA - 1), 3)
     tree_topk: int = _key(_integer(1, 64), 8)
+    # the static KV state and compiled steps (decoding/compiled.py); off by default: on this CPU the demo
+    # family's compile time outweighs the gain over a run of a few thousand tokens (docs/BENCHMARKS.md)
+    compile: bool = _key(_boolean, False)
 
 
 def _members(value: Any, path: str) -> tuple[str, ...]:
@@ -589,6 +592,10 @@ OVERRIDES: dict[str, Override] = {
         f"Dynamic trees: nodes one target forward verifies, the root included (2-{MAX_TREE_BUDGET}; 30).")),
     "tree_depth": Override("decoding.tree_depth", int, "N", "Dynamic trees: expansion rounds; depth+1 levels (3)."),
     "tree_topk": Override("decoding.tree_topk", int, "K", "Dynamic trees: children per expanded node (8)."),
+    "compile": Override("decoding.compile", bool, "", (
+        "Run the target's and draft model's short steps compiled (torch.compile: inductor's C++ wrapper on CPU, "
+        "CUDA graphs on CUDA) over a static KV state; same tokens, compiled once per process and step size "
+        "(off by default: see docs/BENCHMARKS.md).")),
     "max_new_tokens": Override("decoding.max_new_tokens", int, "N", "Tokens to generate per turn, at most."),
     "temperature": Override("decoding.temperature", float, "X", "0 for greedy decoding."),
     "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),

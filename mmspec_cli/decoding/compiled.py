@@ -1,0 +1,277 @@
+"""Short decoding steps compiled with ``torch.compile`` over a static KV state (``decoding.compile``, ``--compile``).
+
+**What is compiled.** The steps a decoding loop repeats, each over its owner's static state
+(:class:`~mmspec_cli.decoding.kv_state.StaticKV`): the target's one-token step and its verification of
+a chain or a tree, and its ``ar`` step (:class:`CompiledForward`, also a draft model's step for ``m``,
+``t`` and the batched member rows of ensembles); a draft head's layer (``eagle``, ``vispec``); ssd's
+early exit over the target's first layers (:func:`shared_step`). A prefill, a forward with pixels, and
+a step longer than the largest padded size run eager over the same state.
+
+**One graph per size.** A compiled graph has fixed shapes, so a step of ``n`` positions is padded to
+the next of :data:`PADDED_SIZES`. The padding continues the positions, and a prepared mask gets rows
+that see what the last real row sees and themselves (:func:`pad_mask`). Its keys and values land after
+the real ones and the state's pointer is put back after the real ones
+(:meth:`~mmspec_cli.decoding.kv_state.StaticKV.wrote`), so they are hidden, then overwritten. Chains
+and trees are separate graphs (a tree passes its mask), and so is each state size.
+
+**One per model and process.** A model (or head) has one compiled step and one static state per
+purpose in a process (:func:`compiled_forward`, :func:`shared_step`, :func:`static_pool`), so every
+decoder of a process (``bench`` and ``compare`` build many) reuses the graphs; an owner that finds
+the state used by another since feeds its prompt again.
+
+**Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
+models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (``mode="reduce-overhead"``; not run here: no GPU
+was available). Inductor keeps what it compiled on disk (:func:`inductor_cache_dir`), so a second
+process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
+
+**Failures.** :func:`compile_blocker` says why a model can't be compiled before anything runs (no
+C++ compiler, a device other than CPU or CUDA, a quantized model, a decoder whose cache layers
+are not plain static ones). A failure while compiling falls back to eager for that step, with
+one line on stderr; the output is unchanged, since the eager forward computes the same tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmspec_cli.decoding.kv_state import StaticKV, static_capacity
+from mmspec_cli.models.parts import text_decoder
+
+#: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
+#: pixels) is the model's own forward; others (a final logit soft-cap, say) would need their own step.
+COMPILED_DECODERS = ("llama", "mistral", "qwen2")
+
+#: Graphs dynamo may keep for the one compiled function (sizes × chain or tree × models; its default is 8).
+RECOMPILE_LIMIT = 64
+
+#: The query lengths a step is padded to; a longer step runs eager. Every length up to 6 is its own size
+#: (γ + 1 for γ ≤ 5, the default's verification, and the shorter blocks near max_new_tokens); a size is
+#: compiled the first time a step needs it.
+PADDED_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def padded_size(n: int) -> int | None:
+    """The compiled size a step of ``n`` tokens is padded to; None when it is longer than the largest."""
+    return next((size for size in PADDED_SIZES if size >= n), None)
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled code on disk (``TORCHINDUCTOR_CACHE_DIR`` moves it)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def compile_blocker(model: Any) -> str | None:
+    """Why ``model``'s forward can't be compiled here, or None."""
+    device = getattr(model, "device", torch.device("cpu"))
+    if device.type not in ("cpu", "cuda"):
+        return f"compiling supports CPU and CUDA, not {device.type}"
+    if getattr(model, "is_quantized", False) or getattr(model.config, "quantization_config", None):
+        return "a quantized (bitsandbytes) model is not compiled"
+    kind = getattr(model.config.get_text_config(), "model_type", None)
+    if kind not in COMPILED_DECODERS:
+        return (f"its language model is {kind}, and only {', '.join(COMPILED_DECODERS)} are checked to compile to "
+                f"the same tokens")
+    if not StaticKV.supports(model.config):
+        return "its decoder has sliding-window cache layers, which a static KV state does not roll back"
+    if device.type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+        except Exception:  # inductor raises its own InvalidCxxCompiler, or fails to run the one named in CXX
+            return "no C++ compiler was found (inductor needs g++ or clang++ on PATH, or CXX set to one)"
+    return None
+
+
+@dataclass
+class CompileLog:
+    """What compiling cost in this process: seconds per model role, and the sizes compiled."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, set] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
+    compiles: int = 0  # graphs compiled: each new shape of each compiled step
+
+    def clear(self) -> None:
+        """Forget what was compiled so far (a command reports what it compiled itself)."""
+        self.seconds, self.sizes, self.fallbacks = {}, {}, []
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def add(self, role: str, size: tuple, seconds: float) -> None:
+        self.compiles += 1
+        self.seconds[role] = self.seconds.get(role, 0.0) + seconds
+        self.sizes.setdefault(role, set()).add(size)
+
+    def summary(self) -> str | None:
+        """One line on what was compiled and where inductor keeps it; None when nothing was."""
+        if not self.seconds:
+            return None
+        parts = [f"the {role}'s steps ({len(self.sizes[role])} shape{'s' * (len(self.sizes[role]) != 1)}) in "
+                 f"{s:.1f} s" for role, s in self.seconds.items()]
+        return (f"compiled {' and '.join(parts)}, not counted in the times above; inductor keeps the code in "
+                f"{inductor_cache_dir()}, so a second process compiles faster")
+
+
+LOG = CompileLog()
+
+
+class StaticPool:
+    """One static KV state of a model in this process, and the owner (a cached model, a batch of rows, a head
+    drafter) that last filled it."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.state: StaticKV | None = None
+        self.owner: object | None = None
+
+    def claim(self, owner: object, needed: int) -> tuple[StaticKV, bool]:
+        """The state, holding at least ``needed`` positions' room; whether ``owner`` still finds its own entries."""
+        if self.state is None:
+            self.state = StaticKV(self.config, static_capacity(needed))
+        else:
+            self.state.room_for(needed - self.state.length)
+        mine = self.owner is owner
+        self.owner = owner
+        return self.state, mine
+
+
+class CompiledStep:
+    """``fn(inputs, position_ids, attention_mask, cache)`` -> a tuple of (B, n, ...) tensors, compiled once per
+    padded size (and chain or tree, and state): the short steps a decoding loop repeats over a static state.
+
+    ``inputs`` are token ids (B, n) or embeddings (B, n, H); ``attention_mask`` a prepared 4-D mask
+    (B, 1, n, capacity) or None for a causal chain.
+    """
+
+    def __init__(self, fn: Callable, role: str, device: torch.device):
+        self.role = role
+        self.failed: str | None = None
+        self._seen: set[tuple] = set()
+        # dynamo counts graphs per code object: one per size, chain or tree, and state, for every model using it
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        if device.type == "cuda":
+            self._compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
+        else:
+            self._compiled = torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
+
+    def __call__(self, state: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+        """The outputs for the ``n`` fed positions (the padding's cut off), or None when this step runs eager
+        (longer than the largest padded size, or compiling failed)."""
+        n = inputs.shape[1]
+        size = padded_size(n)
+        if self.failed or size is None:
+            return None
+        pad = size - n
+        if pad:
+            inputs = torch.cat([inputs, inputs[:, -1:].expand(-1, pad, *inputs.shape[2:])], dim=1)
+            steps = torch.arange(1, pad + 1, device=positions.device)
+            positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+            if mask is not None:
+                mask = pad_mask(mask, state.length, pad)
+        state.room_for(size)
+        # contiguous: a slice's strides (batched rows' positions) would make dynamo compile again for each
+        inputs, positions = inputs.contiguous(), positions.contiguous()
+        mask = None if mask is None else mask.contiguous()
+        shape = (size, mask is not None, state.capacity, inputs.shape[0])  # a grown state is a new graph
+        start = time.perf_counter()
+        try:
+            outputs = self._compiled(inputs, positions, mask, state.cache)
+        except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            message = f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on"
+            LOG.fallbacks.append(message)
+            print(message, file=sys.stderr)
+            state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
+            return None
+        if shape not in self._seen:
+            self._seen.add(shape)
+            LOG.add(self.role, shape, time.perf_counter() - start)
+        state.wrote(size, kept=n)
+        return tuple(out[:, :n].clone() for out in outputs)  # a CUDA graph's outputs are overwritten by its next replay
+
+
+def pad_mask(mask: torch.Tensor, written_at: int, pad: int) -> torch.Tensor:
+    """A prepared mask (B, 1, n, W) grown by ``pad`` rows for padding fed after its ``n`` rows, whose entries are
+    written from slot ``written_at + n`` on: each sees what the last real row sees, and itself (a row that sees
+    nothing would put NaNs in the cache's later slots)."""
+    b, _, n, width = mask.shape
+    rows = mask[:, :, -1:, :].expand(b, 1, pad, width).clone()
+    own = torch.arange(pad, device=mask.device)
+    rows[:, 0, own, written_at + n + own] = 0
+    return torch.cat([mask, rows], dim=2)
+
+
+class CompiledForward:
+    """A language model's forward on text tokens over a static state, compiled (:class:`CompiledStep`)."""
+
+    def __init__(self, model: Any, role: str):
+        self.model = model
+        self.decoder = text_decoder(model)
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.step = CompiledStep(self._forward, role, model.device)
+
+    @property
+    def failed(self) -> str | None:
+        return self.step.failed
+
+    def _forward(self, input_ids, position_ids, attention_mask, cache):
+        """The model's forward as its own ``forward`` runs it without pixels: embed, the language decoder, the LM
+        head; the embeddings and last hidden states come out too (a draft head reads them, and a forward hook does
+        not run inside a compiled graph)."""
+        embeds = self.embed(input_ids)
+        hidden = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
+                              past_key_values=cache, use_cache=True).last_hidden_state
+        return self.lm_head(hidden), embeds, hidden
+
+    def __call__(self, state: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Logits (B, n, V), input embeddings and last hidden states (B, n, H) of ``ids`` (B, n), or None (eager)."""
+        return self.step(state, ids, positions, mask)
+
+
+_POOLS: "weakref.WeakKeyDictionary[Any, dict[str, StaticPool]]" = weakref.WeakKeyDictionary()
+
+
+def static_pool(module: Any, purpose: str = "cached") -> StaticPool:
+    """The one :class:`StaticPool` of ``module`` (a model, or a draft head) for ``purpose`` in this process (a model's
+    single cached sequence, or a batch of ``rows2``, ...: a static cache has a fixed batch)."""
+    pools = _POOLS.setdefault(module, {})
+    if purpose not in pools:
+        pools[purpose] = StaticPool(module.config)
+    return pools[purpose]
+
+
+_STEPS: "weakref.WeakKeyDictionary[Any, dict[str, CompiledStep]]" = weakref.WeakKeyDictionary()
+
+
+def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, device: torch.device) -> CompiledStep:
+    """The one :class:`CompiledStep` ``name`` of ``owner`` (a draft head, ssd's early exit) in this process, over the
+    function ``make()`` builds (it must not hold on to a decoder, so every decoder of the process shares it)."""
+    steps = _STEPS.setdefault(owner, {})
+    if name not in steps:
+        steps[name] = CompiledStep(make(), role, device)
+    return steps[name]
+
+
+_FORWARDS: "weakref.WeakKeyDictionary[Any, CompiledForward]" = weakref.WeakKeyDictionary()
+
+
+def compiled_forward(model: Any, role: str) -> CompiledForward:
+    """The one :class:`CompiledForward` of ``model`` in this process."""
+    if model not in _FORWARDS:
+        _FORWARDS[model] = CompiledForward(model, role)
+    return _FORWARDS[model]

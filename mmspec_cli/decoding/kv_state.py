@@ -1,0 +1,194 @@
+"""One KV state: a transformers ``Cache`` and the number of positions it holds.
+
+Every cache owner in mmspec holds one: the target's and a draft's
+:class:`~mmspec_cli.decoding.kv.CachedModel`, the draft's batched rows, a draft head's cache, and ssd's
+view of the target's first layers (:meth:`KVState.view`). Each of them moves its state in the same
+four ways, and in no other:
+
+- it feeds tokens, then says how many positions that forward added (:meth:`KVState.wrote`);
+- it rolls back to a length (:meth:`KVState.rollback`), the step after verification that drops a
+  rejected draft's tail;
+- it keeps a token tree's accepted path (:meth:`KVState.keep`): the path's entries are copied to
+  follow the prefix, then the state rolls back to the prefix plus the path;
+- it starts over (:meth:`KVState.reset`).
+
+Two kinds:
+
+- :class:`DynamicKV` over transformers' ``DynamicCache``: it grows with every forward, and rolling
+  back crops it (``Cache.crop``).
+- :class:`StaticKV` over transformers' ``StaticCache``: keys and values are preallocated for
+  ``capacity`` positions and written at each layer's position pointer (``cumulative_length``).
+  Rolling back moves the pointers; the entries after them stay in memory, are hidden by the
+  causal mask (a tree's mask hides them explicitly: :meth:`KVState.mask_width`) and are
+  overwritten by the next forward. Nothing is ever cropped, so the tensors keep their address and
+  a compiled forward (:mod:`.compiled`) reuses its graph. Padding a forward to a compiled size
+  writes a few entries past the real ones; :meth:`wrote` puts the pointers back after the real
+  ones.
+
+Position ids are not the state's business: :mod:`mmspec_cli.models.positions` computes them from
+the state's length, one function per model family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import Cache, StaticLayer
+
+#: The most positions one compiled step feeds (its padding included: ``compiled.PADDED_SIZES``).
+MAX_STEP = 64
+
+#: The smallest capacity a static state is allocated with; it doubles when a turn needs more (each growth
+#: reallocates it, and a compiled step compiles again for the new size, so growth is kept rare).
+MIN_CAPACITY = 512
+
+
+class KVState:
+    """A cache and its length. Subclasses say how a rollback happens."""
+
+    static = False
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+        self.length = 0  # positions held (entries of a head's cache: its positions may differ)
+
+    def mask_width(self, fed: int) -> int:
+        """The key length a prepared 4-D mask must have for a forward feeding ``fed`` positions."""
+        return self.length + fed
+
+    def fit_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A prepared additive mask (B, 1, n, length + n) widened to :meth:`mask_width` (the extra keys hidden)."""
+        width = self.mask_width(mask.shape[2])
+        if width == mask.shape[-1]:
+            return mask
+        hidden = torch.full((*mask.shape[:-1], width - mask.shape[-1]), torch.finfo(mask.dtype).min,
+                            dtype=mask.dtype, device=mask.device)
+        return torch.cat([mask, hidden], dim=-1)
+
+    def wrote(self, fed: int, kept: int | None = None) -> None:
+        """A forward fed ``fed`` positions after :attr:`length`; the first ``kept`` (default all) are real."""
+        self.length += fed if kept is None else kept
+
+    def rollback(self, length: int) -> None:
+        """Hold only the first ``length`` positions."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def keep(self, start: int, entries: Sequence[int]) -> None:
+        """Hold positions [0, start) followed by ``entries`` (ascending, all >= start): a tree's accepted path."""
+        entries = list(entries)
+        if entries and entries != list(range(start, start + len(entries))):
+            for layer in self.cache.layers:
+                index = torch.tensor(entries, device=layer.keys.device)
+                layer.keys[..., start:start + len(entries), :] = layer.keys.index_select(-2, index)
+                layer.values[..., start:start + len(entries), :] = layer.values.index_select(-2, index)
+        self.rollback(start + len(entries))
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    def view(self, layers: int) -> "KVState":
+        """A state over the first ``layers`` layer objects of this cache (writes through it land here)."""
+        raise NotImplementedError
+
+
+class DynamicKV(KVState):
+    """A ``DynamicCache``: grows with every forward, cropped to roll back."""
+
+    def __init__(self, config=None, cache: Cache | None = None):
+        super().__init__(cache if cache is not None else DynamicCache(config=config))
+        self.length = self.cache.get_seq_length()
+        self.config = config
+
+    def rollback(self, length: int) -> None:
+        excess = self.cache.get_seq_length() - length
+        if excess > 0:
+            self.cache.crop(-excess)  # DynamicCache.crop takes a negative count
+        self.length = min(self.length, length)
+
+    def reset(self) -> None:
+        if self.config is not None:
+            self.cache = DynamicCache(config=self.config)
+            self.length = 0
+        else:
+            self.rollback(0)
+
+    def view(self, layers: int) -> "DynamicKV":
+        state = DynamicKV(cache=Cache(layers=list(self.cache.layers[:layers])))
+        state.length = self.length
+        return state
+
+
+class StaticKV(KVState):
+    """A ``StaticCache`` of ``capacity`` positions, allocated once; rolling back moves the layers' pointers."""
+
+    static = True
+
+    def __init__(self, config, capacity: int, cache: Cache | None = None):
+        super().__init__(cache if cache is not None else StaticCache(config=config, max_cache_len=capacity))
+        self.config = config
+        self.capacity = capacity
+
+    @staticmethod
+    def supports(config) -> bool:
+        """Whether every layer of ``config``'s decoder gets a plain static layer (sliding windows wrap around)."""
+        probe = StaticCache(config=config, max_cache_len=1)
+        return all(type(layer) is StaticLayer for layer in probe.layers)
+
+    def mask_width(self, fed: int) -> int:
+        self.room_for(max(fed, MAX_STEP))  # grown now, if at all: a compiled step's padding must not grow it later
+        return self.capacity
+
+    def wrote(self, fed: int, kept: int | None = None) -> None:
+        super().wrote(fed, kept)
+        if kept is not None and kept != fed:
+            self._point(self.length)  # the padding's entries lie after the pointer now
+
+    def rollback(self, length: int) -> None:
+        self.length = min(self.length, length)
+        self._point(self.length)
+
+    @torch.inference_mode()  # the pointers are inference tensors once a forward under inference mode made them
+    def _point(self, length: int) -> None:
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.cumulative_length.fill_(length)
+
+    @torch.inference_mode()
+    def room_for(self, fed: int) -> None:
+        """Make room for ``fed`` more positions: grow (reallocate, copying what is held) when they don't fit."""
+        if self.length + fed <= self.capacity:
+            return
+        if getattr(self, "parent", None) is not None:
+            raise RuntimeError("a view of a static state can't grow; its owner reserves room first")
+        capacity = static_capacity(self.length + fed)
+        grown = StaticCache(config=self.config, max_cache_len=capacity)
+        for old, new in zip(self.cache.layers, grown.layers):
+            if old.is_initialized:
+                new.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
+                new.keys[:, :, :self.length] = old.keys[:, :, :self.length]
+                new.values[:, :, :self.length] = old.values[:, :, :self.length]
+        self.cache, self.capacity = grown, capacity
+        self._point(self.length)
+
+    def view(self, layers: int) -> "StaticKV":
+        """The same view object while the cache is the same (a compiled step keeps its graph for it)."""
+        views = getattr(self, "_views", {})
+        state = views.get(layers)
+        if state is None or state.cache.layers[0] is not self.cache.layers[0]:
+            state = StaticKV(self.config, self.capacity, cache=Cache(layers=list(self.cache.layers[:layers])))
+            state.parent = self
+            self._views = {**views, layers: state}
+        state.length = self.length
+        return state
+
+
+def static_capacity(needed: int) -> int:
+    """The capacity a static state is allocated with for ``needed`` positions: the next power of two, at least
+    :data:`MIN_CAPACITY`."""
+    capacity = MIN_CAPACITY
+    while capacity < needed:
+        capacity *= 2
+    return capacity

@@ -1,0 +1,273 @@
+"""One KV state, static or dynamic, and the compiled path (``decoding.compile``, ``--compile``).
+
+- Over the static state (preallocated, rolled back by moving a pointer), eager: every drafter and
+  every tree kind gives the dynamic state's tokens, which are the target's own ``generate``'s.
+- The static state is really used: the target's and the draft's caches are allocated once and
+  never cropped; a decoder that finds its state used by another since starts it over.
+- Compiled with inductor (the C++ wrapper): greedy output is the target's own, for chains, width
+  and dynamic trees and a draft head; sampling passes the chi-square test, and a wrong rule fails it.
+- Bad input: ``--compile`` where it can't compile is one line; a compile failure falls back to eager.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, MistralConfig, StaticCache
+from typer.testing import CliRunner
+
+from mmspec_cli.cli.app import app
+from mmspec_cli.decoding import compiled as compiled_module
+from mmspec_cli.decoding import step as step_module
+from mmspec_cli.decoding.events import BlockVerified
+from mmspec_cli.decoding.features import FeatureTrack
+from mmspec_cli.decoding.kv_state import StaticKV
+from mmspec_cli.drafters.head import HeadDrafter
+from tests import tiny
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
+from tests.helpers import (
+    FOLLOW_UP,
+    QUESTION,
+    assert_one_line_error,
+    speculative_decoder,
+    tiny_files,
+)
+from tests.test_engine_greedy import reference
+from tests.test_heads import random_head
+
+runner = CliRunner()
+TURNS = [QUESTION, FOLLOW_UP]
+TREES = {"chain": {}, "width": {"tree_width": 2}, "dynamic": {"tree": "dynamic", "tree_budget": 12, "tree_topk": 3}}
+
+
+def run(target, drafter, draft=None, kv="dynamic", n_images=1, **options):
+    """Token ids of each of two turns."""
+    if drafter in ("eagle", "vispec"):
+        drafter = HeadDrafter(target, random_head(target, drafter))
+    build = {"ssd_layer": 1} if drafter == "ssd" else None
+    decoder = speculative_decoder(target, drafter, draft, gamma=3, kv=kv, build=build, **options)
+    return [turn.token_ids for turn in decoder.generate(tiny.images(n_images), TURNS).turns]
+
+
+@pytest.fixture(scope="module")
+def first_turn(tiny_models):
+    return reference(tiny_models["target"], [QUESTION], [], 1)
+
+
+# --------------------------------------------------------------------------- the static state, eager
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("drafter", ["ar", "m", "t", "tabed", "ssd", "eagle"])
+def test_the_static_state_gives_the_targets_own_tokens(tiny_models, first_turn, drafter, tree):
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    static = run(target, drafter, draft, kv="static", **TREES[tree])
+    assert static[0] == first_turn
+    assert static == run(target, drafter, draft, kv="dynamic", **TREES[tree])
+
+
+def caches(decoder) -> dict[str, object]:
+    """Every KV cache a decoder's target and drafter hold, by owner."""
+    drafter = decoder.drafter
+    found = {"target": decoder.runner.cache}
+    if hasattr(drafter, "rows"):
+        found["rows"] = drafter.rows.state.cache
+    elif isinstance(drafter, HeadDrafter):
+        found["head"] = drafter.state.cache
+    elif hasattr(drafter, "runner") and drafter.runner is not decoder.runner:
+        found["draft"] = drafter.runner.cache
+    return found
+
+
+@pytest.mark.parametrize("drafter", ["m", "tabed", "eagle"])
+def test_the_static_state_is_allocated_once_and_never_cropped(tiny_models, monkeypatch, drafter):
+    """Every block of two turns and of a second decoder finds the same preallocated tensors; nothing is cropped."""
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cache was cropped")
+
+    monkeypatch.setattr(DynamicCache, "crop", refuse)
+    seen = set()
+    head = random_head(target, "eagle")
+    for _ in range(2):
+        chosen = HeadDrafter(target, head) if drafter == "eagle" else drafter
+        decoder = speculative_decoder(target, chosen, draft, gamma=3, kv="static", tree_width=2)
+        rejected = False
+        for event in decoder.stream(tiny.images(1), TURNS):
+            if not isinstance(event, BlockVerified):
+                continue
+            rejected = rejected or event.accepted < len(event.draft)
+            for owner, cache in caches(decoder).items():
+                assert isinstance(cache, StaticCache), owner
+                seen.add((owner, cache.layers[0].keys.data_ptr()))
+        assert rejected  # rollbacks happened
+    assert len(seen) == 2  # one target state, one drafter state, for both decoders and every block
+    with pytest.raises(AssertionError, match="cropped"):  # the check can fail: the dynamic state crops
+        run(target, "m", draft, kv="dynamic")
+
+
+def test_a_decoder_whose_state_another_used_starts_it_over(tiny_models, first_turn):
+    target = tiny_models["target"]
+    first = speculative_decoder(target, "ar", kv="static")
+    second = speculative_decoder(target, "ar", kv="static")
+    assert first.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
+    assert second.generate(tiny.images(2), [QUESTION]).turns[0].token_ids  # fills the same state
+    assert first.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
+
+
+def test_a_head_drafter_can_be_bound_to_a_used_static_state_outside_inference_mode(tiny_models, first_turn):
+    """A head's decoder resets the target's state when it binds (features from the start); the state's
+    pointers were made under inference mode, where decoding grows a state."""
+    target = tiny_models["target"]
+    state = speculative_decoder(target, "ar", kv="static").runner.state
+    with torch.inference_mode():
+        state.room_for(state.capacity + 1)
+    for _ in range(2):
+        decoder = speculative_decoder(target, HeadDrafter(target, random_head(target, "eagle")), gamma=3, kv="static")
+        assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
+
+
+def test_a_static_state_grows_when_a_turn_needs_more(tiny_models, first_turn):
+    target = tiny_models["target"]
+    decoder = speculative_decoder(target, "ar", kv="static")
+    state = decoder.runner.state
+    state.rollback(0)
+    state.room_for(state.capacity + 1)  # forces the next claim to copy what it holds into a bigger one
+    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
+
+
+def test_only_plain_static_layers_can_be_rolled_back_by_a_pointer():
+    llama = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    window = MistralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           sliding_window=4)
+    assert StaticKV.supports(llama) and not StaticKV.supports(window)
+
+
+def test_what_cannot_be_compiled_is_named(tiny_models):
+    from types import SimpleNamespace
+
+    from transformers import GemmaConfig, LlavaConfig
+
+    from mmspec_cli.decoding.compiled import compile_blocker
+
+    target = tiny_models["target"].model
+    assert compile_blocker(target) is None
+    gemma = LlavaConfig(text_config=GemmaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    assert "its language model is gemma" in compile_blocker(SimpleNamespace(device=target.device, config=gemma))
+    assert "CPU and CUDA, not meta" in compile_blocker(SimpleNamespace(device=torch.device("meta"), config=gemma))
+    window = LlavaConfig(text_config=MistralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=2, sliding_window=4))
+    assert "sliding-window" in compile_blocker(SimpleNamespace(device=target.device, config=window))
+
+
+def test_the_feature_track_appends_into_a_preallocated_buffer(tiny_models):
+    track = FeatureTrack(tiny_models["target"].model)
+    rows = torch.arange(200 * 3, dtype=torch.float64).reshape(200, 3)
+    track.append_rows(rows[:5], -rows[:5])
+    buffer = track._hidden.data_ptr()
+    for i in range(5, 60):
+        track.append_rows(rows[i:i + 1], -rows[i:i + 1])
+    assert track._hidden.data_ptr() == buffer  # no copy while it fits
+    track.crop(40)
+    track.append_rows(rows[40:200], -rows[40:200])
+    assert torch.equal(track.embeds, rows) and torch.equal(track.hidden, -rows) and len(track) == 200
+
+
+# --------------------------------------------------------------------------- compiled (inductor)
+
+
+COMPILED_CASES = [("ar", "chain"), ("m", "chain"), ("m", "width"), ("eagle", "dynamic"), ("tabed", "chain"),
+                  ("tabed", "width"), ("ssd", "chain"), ("ssd", "dynamic")]
+
+
+def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(tiny_models, first_turn):
+    """No graph dynamo compiles goes uncounted by the compile log (a step shape seen for the first time): nothing
+    is compiled again block after block (a slice's strides once did that for the batched rows)."""
+    from torch._dynamo.utils import counters
+
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    frames, compiles = counters["frames"]["ok"], compiled_module.LOG.compiles
+    for drafter, tree in COMPILED_CASES:
+        outputs = run(target, drafter, draft, kv="compiled", **TREES[tree])
+        assert outputs[0] == first_turn, (drafter, tree)
+        assert outputs == run(target, drafter, draft, kv="dynamic", **TREES[tree]), (drafter, tree)
+    assert compiled_module.compiled_forward(target.model, "target").failed is None
+    shapes = {shape[:2] for shape in compiled_module.LOG.sizes["target"]}
+    assert {(1, False), (4, False), (8, True), (12, True)} <= shapes
+    assert {"draft", "head", "ssd draft"} <= set(compiled_module.LOG.sizes)
+    assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
+
+
+def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(tiny_models, joint, monkeypatch):
+    """``t``, γ = 2, compiled: the first two tokens of ENGINE_RUNS seeded runs against the target's exact joint.
+    Accepting every draft token (a wrong rule) on the same path must fail the same test."""
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    decoder = speculative_decoder(target, "t", draft, gamma=2, max_new_tokens=3, sampling=PARAMS, kv="compiled")
+    counts, _ = sampled_pairs(decoder, ENGINE_RUNS)
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
+
+    real = step_module.verify_sampling
+
+    def accept_all(tokens, q, p, generator):
+        verdict = real(tokens, q, p, generator)
+        return type(verdict)(len(tokens), verdict.next_token)
+
+    monkeypatch.setattr(step_module, "verify_sampling", accept_all)
+    counts, _ = sampled_pairs(decoder, ENGINE_RUNS)
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) < 1e-3
+
+
+# --------------------------------------------------------------------------- bad input and fallbacks
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dirs, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("compiled")
+    found = tiny_files(root, tiny_dirs, max_new_tokens=12)
+    manifest = root / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"s{i}", "images": [found["images"][i % 2]], "turns": [QUESTION],
+                                            "category": "demo"}) + "\n" for i in range(3)))
+    return {**found, "manifest": str(manifest)}
+
+
+def test_compile_without_a_cpp_compiler_is_one_line(files):
+    import torch._inductor.config as inductor
+
+    with inductor.patch({"cpp.cxx": ("/nonexistent/c++",)}):  # where inductor looks for its C++ compiler
+        result = runner.invoke(app, ["generate", files["images"][0], "-q", QUESTION, "--profile", files["profile"],
+                                     "--drafter", "m", "--compile"])
+    assert_one_line_error(result, "--compile: the target model can't be compiled here: no C++ compiler")
+
+
+def test_a_max_new_tokens_past_the_context_is_one_line_before_any_forward(files):
+    result = runner.invoke(app, ["generate", files["images"][0], "-q", QUESTION, "--profile", files["profile"],
+                                 "--drafter", "m", "--compile", "--max-new-tokens", "5000"])
+    assert_one_line_error(result, "more than the target's context of 1024")
+    assert "compiled" not in result.stderr
+
+
+def test_a_compile_failure_in_bench_falls_back_to_eager_and_keeps_every_record(files, tmp_path, monkeypatch):
+    def broken(function, **options):
+        def fail(*args, **kwargs):
+            raise RuntimeError("inductor could not build the graph")
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken)
+    out = tmp_path / "records.jsonl"
+    common = ["bench", files["manifest"], "--profile", files["profile"], "--drafters", "ar,m", "--no-warmup",
+              "--format", "json"]
+    result = runner.invoke(app, common + ["--compile", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "compiling the" in line]
+    assert warnings and "it runs eager from now on" in warnings[0] and len(warnings) == 2  # target, draft: once each
+    compiled = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(compiled) == 6
+    eager_out = tmp_path / "eager.jsonl"
+    assert runner.invoke(app, common + ["--out", str(eager_out)]).exit_code == 0
+    eager = [json.loads(line) for line in eager_out.read_text().splitlines()]
+    key = lambda r: (r["id"], r["drafter"])  # noqa: E731
+    assert sorted((key(r), r["token_ids"]) for r in compiled) == sorted((key(r), r["token_ids"]) for r in eager)
