@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,6 +131,52 @@ def test_a_head_drafter_can_be_bound_to_a_used_static_state_outside_inference_mo
         assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
 
 
+def test_ssd_drafts_a_large_tree_near_the_end_of_a_static_state(tiny_models):
+    """ssd drafts in a view of the target's state; a tree of many nodes near the end of its room grows the
+    target's state through the view (it once raised instead)."""
+    target = tiny_models["target"]
+    decoders = {kv: speculative_decoder(target, "ssd", None, gamma=3, kv=kv, build={"ssd_layer": 1}, tree="dynamic",
+                                        tree_budget=10, tree_depth=3, tree_topk=64, max_new_tokens=367)
+                for kv in ("static", "dynamic")}
+    outputs = {kv: d.generate(tiny.images(1), [QUESTION]).turns[0].token_ids for kv, d in decoders.items()}
+    assert outputs["static"] == outputs["dynamic"] and len(outputs["static"]) == 367
+
+
+def test_interleaved_decoders_keep_their_acceptance_over_a_shared_static_state(tiny_models):
+    """Two decoders of one target stepped block by block take the one static state in turns: each re-reads what
+    it lost, so ssd's drafts (which read the target's own cache) stay as good as alone."""
+    import itertools
+
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+
+    def accepted(events):
+        return [e.accepted for e in events if isinstance(e, BlockVerified)]
+
+    ssd = {"build": {"ssd_layer": 1}}
+    alone = accepted(speculative_decoder(target, "ssd", draft, gamma=3, kv="static", **ssd).stream(tiny.images(1), TURNS))
+    mine = speculative_decoder(target, "ssd", draft, gamma=3, kv="static", **ssd).stream(tiny.images(1), TURNS)
+    other = speculative_decoder(target, "ar", draft, kv="static").stream(tiny.images(2), TURNS)
+    interleaved = [x for x, _ in itertools.zip_longest(mine, other) if x is not None]
+    assert accepted(interleaved) == alone
+
+
+def test_a_dropped_model_is_not_kept_alive_by_its_static_state(tmp_path):
+    import gc
+    import weakref
+
+    from tests.conftest import load
+
+    tokenizer = tiny.train_tokenizer()
+    path = tiny.save(tiny.make_model(len(tokenizer), seed=5), tiny.make_processor(tokenizer), tmp_path / "m")
+    target = load(path, "target")
+    model = weakref.ref(target.model)
+    for kv in ("static", "compiled"):
+        speculative_decoder(target, "ar", kv=kv, max_new_tokens=2).generate(tiny.images(1), [QUESTION])
+    del target
+    gc.collect()
+    assert model() is None
+
+
 def test_a_static_state_grows_when_a_turn_needs_more(tiny_models, first_turn):
     target = tiny_models["target"]
     decoder = speculative_decoder(target, "ar", kv="static")
@@ -146,9 +193,21 @@ def test_only_plain_static_layers_can_be_rolled_back_by_a_pointer():
     assert StaticKV.supports(llama) and not StaticKV.supports(window)
 
 
-def test_what_cannot_be_compiled_is_named(tiny_models):
-    from types import SimpleNamespace
+def test_compiling_is_left_out_of_block_and_turn_times(monkeypatch):
+    import time
 
+    from mmspec_cli.decoding import timing
+
+    log = compiled_module.CompileLog()
+    monkeypatch.setattr(timing, "COMPILE_LOG", log)
+    laps, clock = timing.Laps(), timing.TurnClock(SimpleNamespace(caption_seconds=0.0))
+    time.sleep(0.05)
+    log.add("target", (8, False, 512, 1), 0.04)  # 40 of the 50 ms went to compiling
+    assert 0.0 < laps.lap() < 0.03 and 0.0 < clock.decoding_s < 0.03
+    assert "the target's steps (1 shape) in 0.0 s" in log.summary()
+
+
+def test_what_cannot_be_compiled_is_named(tiny_models):
     from transformers import GemmaConfig, LlavaConfig
 
     from mmspec_cli.decoding.compiled import compile_blocker
@@ -271,3 +330,5 @@ def test_a_compile_failure_in_bench_falls_back_to_eager_and_keeps_every_record(f
     eager = [json.loads(line) for line in eager_out.read_text().splitlines()]
     key = lambda r: (r["id"], r["drafter"])  # noqa: E731
     assert sorted((key(r), r["token_ids"]) for r in compiled) == sorted((key(r), r["token_ids"]) for r in eager)
+    summary = runner.invoke(app, ["bench", "--summarize", str(out), "--profile", files["profile"]])
+    assert "the records were made with --compile, and profile-latency times the eager steps" in summary.output

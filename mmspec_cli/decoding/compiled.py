@@ -4,8 +4,9 @@
 (:class:`~mmspec_cli.decoding.kv_state.StaticKV`): the target's one-token step and its verification of
 a chain or a tree, and its ``ar`` step (:class:`CompiledForward`, also a draft model's step for ``m``,
 ``t`` and the batched member rows of ensembles); a draft head's layer (``eagle``, ``vispec``); ssd's
-early exit over the target's first layers (:func:`shared_step`). A prefill, a forward with pixels, and
-a step longer than the largest padded size run eager over the same state.
+early exit over the target's first layers (:func:`shared_step`). A forward with pixels (a prompt with
+images) and a step longer than the largest padded size run eager over the same state; a text-only
+prompt of up to 64 tokens is one more padded step.
 
 **One graph per size.** A compiled graph has fixed shapes, so a step of ``n`` positions is padded to
 the next of :data:`PADDED_SIZES`. The padding continues the positions, and a prepared mask gets rows
@@ -134,7 +135,7 @@ class StaticPool:
     def __init__(self, config: Any):
         self.config = config
         self.state: StaticKV | None = None
-        self.owner: object | None = None
+        self._owner: weakref.ref | None = None  # weak: an owner holds its model, the pool's key
 
     def claim(self, owner: object, needed: int) -> tuple[StaticKV, bool]:
         """The state, holding at least ``needed`` positions' room; whether ``owner`` still finds its own entries."""
@@ -142,8 +143,8 @@ class StaticPool:
             self.state = StaticKV(self.config, static_capacity(needed))
         else:
             self.state.room_for(needed - self.state.length)
-        mine = self.owner is owner
-        self.owner = owner
+        mine = self._owner is not None and self._owner() is owner
+        self._owner = weakref.ref(owner)
         return self.state, mine
 
 
@@ -190,6 +191,8 @@ class CompiledStep:
         try:
             outputs = self._compiled(inputs, positions, mask, state.cache)
         except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
+            LOG.seconds[self.role] = LOG.seconds.get(self.role, 0.0) + time.perf_counter() - start  # not decoding
+            LOG.sizes.setdefault(self.role, set())
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             message = f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on"
             LOG.fallbacks.append(message)
@@ -218,7 +221,7 @@ class CompiledForward:
     """A language model's forward on text tokens over a static state, compiled (:class:`CompiledStep`)."""
 
     def __init__(self, model: Any, role: str):
-        self.model = model
+        # its parts, not the model: the registry's key must stay collectable
         self.decoder = text_decoder(model)
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
@@ -260,7 +263,8 @@ _STEPS: "weakref.WeakKeyDictionary[Any, dict[str, CompiledStep]]" = weakref.Weak
 
 def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, device: torch.device) -> CompiledStep:
     """The one :class:`CompiledStep` ``name`` of ``owner`` (a draft head, ssd's early exit) in this process, over the
-    function ``make()`` builds (it must not hold on to a decoder, so every decoder of the process shares it)."""
+    function ``make()`` builds. That function must hold neither a decoder (every decoder of the process shares it)
+    nor ``owner`` itself (the registry's key must stay collectable): only ``owner``'s parts."""
     steps = _STEPS.setdefault(owner, {})
     if name not in steps:
         steps[name] = CompiledStep(make(), role, device)

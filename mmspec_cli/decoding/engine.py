@@ -73,7 +73,7 @@ def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: st
 
 
 #: Room a static KV state keeps beyond the prompt and ``max_new_tokens``: a compiled step's padding, a tree's
-#: nodes. A step that needs more grows the state (reallocated, so compiled again).
+#: nodes. A step that needs more grows the state (reallocated, so compiled again; ssd's view grows its owner's).
 STATIC_SLACK = 2 * PADDED_SIZES[-1]
 
 

@@ -1,6 +1,6 @@
 """One KV state: a transformers ``Cache`` and the number of positions it holds.
 
-Every cache owner in mmspec holds one: the target's and a draft's
+Every cache owner of the decoding loop holds one: the target's and a draft's
 :class:`~mmspec_cli.decoding.kv.CachedModel`, the draft's batched rows, a draft head's cache, and ssd's
 view of the target's first layers (:meth:`KVState.view`). Each of them moves its state in the same
 four ways, and in no other:
@@ -161,15 +161,20 @@ class StaticKV(KVState):
         """Make room for ``fed`` more positions: grow (reallocate, copying what is held) when they don't fit."""
         if self.length + fed <= self.capacity:
             return
-        if getattr(self, "parent", None) is not None:
-            raise RuntimeError("a view of a static state can't grow; its owner reserves room first")
+        parent = getattr(self, "parent", None)
+        if parent is not None:  # a view grows its owner's state, then looks at the grown layers
+            parent.room_for(self.length + fed - parent.length)
+            self.cache = Cache(layers=list(parent.cache.layers[:len(self.cache.layers)]))
+            self.capacity = parent.capacity
+            self._point(self.length)
+            return
         capacity = static_capacity(self.length + fed)
         grown = StaticCache(config=self.config, max_cache_len=capacity)
         for old, new in zip(self.cache.layers, grown.layers):
-            if old.is_initialized:
+            if old.is_initialized:  # all of it: a view may hold entries past this state's length (ssd's drafts)
                 new.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
-                new.keys[:, :, :self.length] = old.keys[:, :, :self.length]
-                new.values[:, :, :self.length] = old.values[:, :, :self.length]
+                new.keys[:, :, :self.capacity] = old.keys
+                new.values[:, :, :self.capacity] = old.values
         self.cache, self.capacity = grown, capacity
         self._point(self.length)
 

@@ -1,7 +1,8 @@
 """Clocks of the decoding loop: the stages of a block, and a turn's decoding time.
 
 A turn's decoding time leaves out what is not decoding: the consumer's time between events
-(rendering, writing records) and captioning, which caption drafting reports apart.
+(rendering, writing records), captioning, which caption drafting reports apart, and compiling
+(``--compile``: the first use of each step shape), which ``compiled.LOG`` reports apart.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from mmspec_cli.decoding.compiled import LOG as COMPILE_LOG
 
 
 class Laps:
-    """Seconds between successive calls of :meth:`lap`, starting now."""
+    """Seconds between successive calls of :meth:`lap`, starting now, less the time ``--compile`` spent
+    compiling a step shape in between (a turn's clock leaves it out too)."""
 
     def __init__(self) -> None:
         self.last = time.perf_counter()
+        self.compiled = COMPILE_LOG.total_s
 
     def lap(self) -> float:
-        now = time.perf_counter()
-        elapsed, self.last = now - self.last, now
+        now, compiled = time.perf_counter(), COMPILE_LOG.total_s
+        elapsed = now - self.last - (compiled - self.compiled)
+        self.last, self.compiled = now, compiled
         return elapsed
 
 

@@ -35,7 +35,7 @@ from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafting
-from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence
+from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence, layer_step
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process
 
@@ -81,9 +81,10 @@ class HeadDrafter(TreeDrafting, Drafter):
         runner.track_features()
         if runner.kv != self.kv:
             self.kv = runner.kv
-            head = self.head
-            self.compiled = shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
-                head.body(inputs, positions, mask, cache),), "head", self.device) if self.kv == "compiled" else None
+            layer, rotary = self.head.layers[0], self.head.rotary  # its parts: the registry's key stays collectable
+            self.compiled = shared_step(self.head, "body", lambda: lambda inputs, positions, mask, cache: (
+                layer_step(layer, rotary, inputs, positions, mask, cache),), "head", self.device) \
+                if self.kv == "compiled" else None
             self._reset_head()
 
     def reserve(self, after_prompt: int) -> None:

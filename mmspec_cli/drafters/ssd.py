@@ -129,7 +129,6 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.head = target.model.get_output_embeddings()
         self.runner: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
-        self.prefilled = False
         self._view: KVState | None = None  # while a tree is drafted: the draft's view of the target's cache,
         self._context = 0  # the verified context it is cropped back to,
         self._tree: PendingTree | None = None  # and the tree's nodes in it
@@ -153,7 +152,6 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = process(self.target.processor, prompt_text, images)
-        self.prefilled = False
 
     def _start(self, generated: Sequence[int]) -> tuple[list[int], int, KVState]:
         """The verified ids, the cached context length, and the draft's view of the target's cache."""
@@ -162,10 +160,9 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
             raise RuntimeError("SelfSpeculativeDrafter needs bind_target(runner) before propose")
         verified = self.prompt.ids + list(generated)
         context = len(verified) - 1  # the last verified token is fed by the draft (and again by verification)
-        if not self.prefilled:  # a new turn: the target encodes the prompt (reusing what its cache still holds)
-            runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
-            self.prefilled = True
-        runner.rollback(context)
+        # the target's cache holds the context (nothing to feed, unless a new turn or another decoder's use of a
+        # shared static state left it without), then only the context
+        runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
         return verified, context, runner.state.view(self.layer)
 
     def _logits(self, view: KVState, tokens: Sequence[int], **tree) -> torch.Tensor:

@@ -101,9 +101,15 @@ class DraftHead(nn.Module):
 
     def body(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None) -> torch.Tensor:
         """The decoder layer over (B, n, H) inputs at ``positions`` (B, n); ``mask`` additive (B, 1, n, seen)."""
-        rope = self.rotary(inputs, positions)
-        return self.layers[0](inputs, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                              use_cache=cache is not None, position_embeddings=rope)
+        return layer_step(self.layers[0], self.rotary, inputs, positions, mask, cache)
+
+
+def layer_step(layer: nn.Module, rotary: nn.Module, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+               cache=None) -> torch.Tensor:
+    """A head's decoder ``layer`` with its ``rotary`` embedding over (B, n, H) inputs (:meth:`DraftHead.body`)."""
+    rope = rotary(inputs, positions)
+    return layer(inputs, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                 use_cache=cache is not None, position_embeddings=rope)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Position ids: the one place that says at which positions a model reads the tokens it is fed.
 
-Every forward in mmspec passes explicit position ids (and, over a static cache, the cache's own
-pointer decides where the keys and values are written: :mod:`mmspec_cli.decoding.kv_state`).
+Every forward of the decoding loop passes explicit position ids (and, over a static cache, the
+cache's own pointer decides where the keys and values are written: :mod:`mmspec_cli.decoding.kv_state`);
+``train-head`` reads whole sequences from position 0, where the model's own default is the same.
 A model family with other positions (Qwen-VL's 3-D M-RoPE ids, next) supplies its own
 :class:`Positions`; :func:`positions_for` picks it.
 

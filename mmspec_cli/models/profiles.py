@@ -594,8 +594,8 @@ OVERRIDES: dict[str, Override] = {
     "tree_topk": Override("decoding.tree_topk", int, "K", "Dynamic trees: children per expanded node (8)."),
     "compile": Override("decoding.compile", bool, "", (
         "Run the target's and draft model's short steps compiled (torch.compile: inductor's C++ wrapper on CPU, "
-        "CUDA graphs on CUDA) over a static KV state; same tokens, compiled once per process and step size "
-        "(off by default: see docs/BENCHMARKS.md).")),
+        "CUDA graphs on CUDA) over a static KV state; the same greedy tokens on CPU (README: what holds on "
+        "CUDA), compiled once per process and step size (off by default: see docs/BENCHMARKS.md).")),
     "max_new_tokens": Override("decoding.max_new_tokens", int, "N", "Tokens to generate per turn, at most."),
     "temperature": Override("decoding.temperature", float, "X", "0 for greedy decoding."),
     "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),
