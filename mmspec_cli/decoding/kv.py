@@ -184,7 +184,7 @@ class CachedModel:
         """Settle the tree: keep the entries of ``nodes`` (one path from the tree's top) after the held ids."""
         if self.tree is not None:
             fed = [node for node in nodes if node < len(self.tree.parents)]
-            self.ids = self.ids + self.tree.settle(self._claim(), nodes)
+            self.ids = self.ids + self.tree.settle(self.state, nodes)  # the block that fed the tree holds the state
             self.tree = None
             if self.features is not None:
                 self.features.settle_tree(fed)
