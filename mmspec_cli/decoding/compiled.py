@@ -2,7 +2,7 @@
 
 **What is compiled.** The steps a decoding loop repeats, each over its owner's static state
 (:class:`~mmspec_cli.decoding.kv_state.StaticKV`): the target's one-token step and its verification of
-a chain or a tree, and its ``ar`` step (:class:`CompiledForward`, also a draft model's step for ``m``,
+a chain or a tree, and its ``ar`` step (:func:`compiled_forward`, also a draft model's step for ``m``,
 ``t`` and the batched member rows of ensembles); a draft head's layer (``eagle``, ``vispec``); ssd's
 early exit over the target's first layers (:func:`shared_step`). A forward with pixels (a prompt with
 images) and a step longer than the largest padded size run eager over the same state; a text-only
@@ -16,7 +16,7 @@ the real ones and the state's pointer is put back after the real ones
 and trees are separate graphs (a tree passes its mask), and so is each state size.
 
 **One per model and process.** A model (or head) has one compiled step and one static state per
-purpose in a process (:func:`compiled_forward`, :func:`shared_step`, :func:`static_pool`), so every
+purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
 decoder of a process (``bench`` and ``compare`` build many) reuses the graphs; an owner that finds
 the state used by another since feeds its prompt again.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.decoding.kv_state import StaticKV, static_capacity
+from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
 from mmspec_cli.models.parts import text_decoder
 
 #: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
@@ -55,7 +55,7 @@ RECOMPILE_LIMIT = 64
 #: The query lengths a step is padded to; a longer step runs eager. Every length up to 6 is its own size
 #: (γ + 1 for γ ≤ 5, the default's verification, and the shorter blocks near max_new_tokens); a size is
 #: compiled the first time a step needs it.
-PADDED_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+PADDED_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, MAX_STEP)
 
 
 def padded_size(n: int) -> int | None:
@@ -99,21 +99,26 @@ class CompileLog:
 
     seconds: dict[str, float] = field(default_factory=dict)
     sizes: dict[str, set] = field(default_factory=dict)
-    fallbacks: list[str] = field(default_factory=list)
     compiles: int = 0  # graphs compiled: each new shape of each compiled step
 
     def clear(self) -> None:
         """Forget what was compiled so far (a command reports what it compiled itself)."""
-        self.seconds, self.sizes, self.fallbacks = {}, {}, []
+        self.seconds, self.sizes = {}, {}
 
     @property
     def total_s(self) -> float:
         return sum(self.seconds.values())
 
-    def add(self, role: str, size: tuple, seconds: float) -> None:
-        self.compiles += 1
+    def spent(self, role: str, seconds: float) -> None:
+        """``seconds`` that went to compiling for ``role`` (a failed attempt too): not decoding time."""
         self.seconds[role] = self.seconds.get(role, 0.0) + seconds
-        self.sizes.setdefault(role, set()).add(size)
+        self.sizes.setdefault(role, set())
+
+    def add(self, role: str, size: tuple, seconds: float) -> None:
+        """A graph of ``size`` compiled for ``role`` in ``seconds``."""
+        self.compiles += 1
+        self.spent(role, seconds)
+        self.sizes[role].add(size)
 
     def summary(self) -> str | None:
         """One line on what was compiled and where inductor keeps it; None when nothing was."""
@@ -144,7 +149,8 @@ class StaticPool:
         else:
             self.state.room_for(needed - self.state.length)
         mine = self._owner is not None and self._owner() is owner
-        self._owner = weakref.ref(owner)
+        if not mine:
+            self._owner = weakref.ref(owner)
         return self.state, mine
 
 
@@ -191,12 +197,10 @@ class CompiledStep:
         try:
             outputs = self._compiled(inputs, positions, mask, state.cache)
         except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
-            LOG.seconds[self.role] = LOG.seconds.get(self.role, 0.0) + time.perf_counter() - start  # not decoding
-            LOG.sizes.setdefault(self.role, set())
+            LOG.spent(self.role, time.perf_counter() - start)
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            message = f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on"
-            LOG.fallbacks.append(message)
-            print(message, file=sys.stderr)
+            print(f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on",
+                  file=sys.stderr)
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         if shape not in self._seen:
@@ -215,35 +219,6 @@ def pad_mask(mask: torch.Tensor, written_at: int, pad: int) -> torch.Tensor:
     own = torch.arange(pad, device=mask.device)
     rows[:, 0, own, written_at + n + own] = 0
     return torch.cat([mask, rows], dim=2)
-
-
-class CompiledForward:
-    """A language model's forward on text tokens over a static state, compiled (:class:`CompiledStep`)."""
-
-    def __init__(self, model: Any, role: str):
-        # its parts, not the model: the registry's key must stay collectable
-        self.decoder = text_decoder(model)
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.step = CompiledStep(self._forward, role, model.device)
-
-    @property
-    def failed(self) -> str | None:
-        return self.step.failed
-
-    def _forward(self, input_ids, position_ids, attention_mask, cache):
-        """The model's forward as its own ``forward`` runs it without pixels: embed, the language decoder, the LM
-        head; the embeddings and last hidden states come out too (a draft head reads them, and a forward hook does
-        not run inside a compiled graph)."""
-        embeds = self.embed(input_ids)
-        hidden = self.decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
-                              past_key_values=cache, use_cache=True).last_hidden_state
-        return self.lm_head(hidden), embeds, hidden
-
-    def __call__(self, state: StaticKV, ids: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Logits (B, n, V), input embeddings and last hidden states (B, n, H) of ``ids`` (B, n), or None (eager)."""
-        return self.step(state, ids, positions, mask)
 
 
 _POOLS: "weakref.WeakKeyDictionary[Any, dict[str, StaticPool]]" = weakref.WeakKeyDictionary()
@@ -271,11 +246,21 @@ def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, 
     return steps[name]
 
 
-_FORWARDS: "weakref.WeakKeyDictionary[Any, CompiledForward]" = weakref.WeakKeyDictionary()
+def compiled_forward(model: Any, role: str) -> CompiledStep:
+    """The one compiled step of ``model``'s forward on text tokens in this process: embed, the language decoder,
+    the LM head, as the model's own ``forward`` runs them without pixels. It returns the logits (B, n, V), the
+    input embeddings and the last hidden states (B, n, H): a draft head reads those, and a forward hook does not
+    run inside a compiled graph. It holds the model's parts, not the model (the registry's key)."""
 
+    def make() -> Callable:
+        decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
 
-def compiled_forward(model: Any, role: str) -> CompiledForward:
-    """The one :class:`CompiledForward` of ``model`` in this process."""
-    if model not in _FORWARDS:
-        _FORWARDS[model] = CompiledForward(model, role)
-    return _FORWARDS[model]
+        def forward(input_ids, position_ids, attention_mask, cache):
+            embeds = embed(input_ids)
+            hidden = decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
+                             past_key_values=cache, use_cache=True).last_hidden_state
+            return lm_head(hidden), embeds, hidden
+
+        return forward
+
+    return shared_step(model, "forward", make, role, model.device)

@@ -18,8 +18,8 @@ from typing import Any
 from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.decoding.conversation import conversation
 from mmspec_cli.decoding.events import BlockVerified, Event, Generation, TurnResult, collect
-from mmspec_cli.decoding.compiled import PADDED_SIZES
 from mmspec_cli.decoding.kv import CachedModel
+from mmspec_cli.decoding.kv_state import MAX_STEP
 from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.decoding.schedules import GammaSchedule, check_schedule
 from mmspec_cli.decoding.step import BlockStep, TurnOutput
@@ -74,7 +74,7 @@ def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: st
 
 #: Room a static KV state keeps beyond the prompt and ``max_new_tokens``: a compiled step's padding, a tree's
 #: nodes. A step that needs more grows the state (reallocated, so compiled again; ssd's view grows its owner's).
-STATIC_SLACK = 2 * PADDED_SIZES[-1]
+STATIC_SLACK = 2 * MAX_STEP
 
 
 class SpeculativeDecoder:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import CompiledForward, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import CompiledStep, compiled_forward, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
@@ -78,7 +78,7 @@ class CachedModel:
         self.device = model.device
         self.kv = kv
         self.positions = positions_for(model)
-        self.compiled: CompiledForward | None = compiled_forward(model, role) if kv == "compiled" else None
+        self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
         self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
@@ -170,8 +170,7 @@ class CachedModel:
             if self.features is not None:
                 self.features.hold_tree_rows(embeds, hidden)
             return logits  # (n, V)
-        if state.static:
-            state.room_for(len(nodes))
+        state.room_for(len(nodes))
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=state.cache, use_cache=True, logits_to_keep=0)
         state.wrote(len(nodes))
@@ -253,8 +252,7 @@ class CachedModel:
     def _eager(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], positions: torch.Tensor,
                wanted: int) -> torch.Tensor:
         state = self.state
-        if state.static:
-            state.room_for(len(ids))
+        state.room_for(len(ids))
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
         try:
             out = self.model(

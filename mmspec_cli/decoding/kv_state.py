@@ -75,6 +75,9 @@ class KVState:
         """Hold only the first ``length`` positions."""
         raise NotImplementedError
 
+    def room_for(self, fed: int) -> None:
+        """Make room for ``fed`` more positions before a forward (a dynamic cache grows by itself)."""
+
     @torch.inference_mode()
     def keep(self, start: int, entries: Sequence[int]) -> None:
         """Hold positions [0, start) followed by ``entries`` (ascending, all >= start): a tree's accepted path."""
@@ -130,6 +133,8 @@ class StaticKV(KVState):
         super().__init__(cache if cache is not None else StaticCache(config=config, max_cache_len=capacity))
         self.config = config
         self.capacity = capacity
+        self.parent: StaticKV | None = None  # set on a view: the state whose first layers it looks at
+        self._views: dict[int, StaticKV] = {}
 
     @staticmethod
     def supports(config) -> bool:
@@ -161,11 +166,10 @@ class StaticKV(KVState):
         """Make room for ``fed`` more positions: grow (reallocate, copying what is held) when they don't fit."""
         if self.length + fed <= self.capacity:
             return
-        parent = getattr(self, "parent", None)
-        if parent is not None:  # a view grows its owner's state, then looks at the grown layers
-            parent.room_for(self.length + fed - parent.length)
-            self.cache = Cache(layers=list(parent.cache.layers[:len(self.cache.layers)]))
-            self.capacity = parent.capacity
+        if self.parent is not None:  # a view grows its owner's state, then looks at the grown layers
+            self.parent.room_for(self.length + fed - self.parent.length)
+            self.cache = Cache(layers=list(self.parent.cache.layers[:len(self.cache.layers)]))
+            self.capacity = self.parent.capacity
             self._point(self.length)
             return
         capacity = static_capacity(self.length + fed)
@@ -180,12 +184,11 @@ class StaticKV(KVState):
 
     def view(self, layers: int) -> "StaticKV":
         """The same view object while the cache is the same (a compiled step keeps its graph for it)."""
-        views = getattr(self, "_views", {})
-        state = views.get(layers)
+        state = self._views.get(layers)
         if state is None or state.cache.layers[0] is not self.cache.layers[0]:
             state = StaticKV(self.config, self.capacity, cache=Cache(layers=list(self.cache.layers[:layers])))
             state.parent = self
-            self._views = {**views, layers: state}
+            self._views[layers] = state
         state.length = self.length
         return state
 

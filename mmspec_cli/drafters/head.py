@@ -142,8 +142,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         compiled = self.compiled(state, inputs[None], positions, mask) if self.compiled is not None else None
         if compiled is not None:
             return compiled[0][0]
-        if state.static:
-            state.room_for(inputs.shape[0])
+        state.room_for(inputs.shape[0])
         out = self.head.body(inputs[None], positions, mask, state.cache)[0]
         state.wrote(inputs.shape[0])
         return out

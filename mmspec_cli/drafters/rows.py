@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mmspec_cli.decoding.compiled import CompiledForward, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import CompiledStep, compiled_forward, static_pool
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
@@ -122,7 +122,7 @@ class BatchedRows:
         self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
         self.kv = "dynamic"
         self.state: KVState = DynamicKV(config=model.config)
-        self.compiled: CompiledForward | None = None
+        self.compiled: CompiledStep | None = None
         self.use_kv(kv)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
@@ -141,8 +141,9 @@ class BatchedRows:
             self.compiled = compiled_forward(self.model, "draft") if kv == "compiled" else None
             self.heads = []  # the next begin prefills into the new state
 
-    def _pool(self):
-        return static_pool(self.model, f"rows{self.width}")
+    def _pool(self, width: int | None = None):
+        """The static pool of this model for a batch of ``width`` rows (default: the rows held)."""
+        return static_pool(self.model, f"rows{self.width if width is None else width}")
 
     def _owned(self) -> bool:
         """Whether the state still holds these rows (a static state another batch of rows used since does not)."""
@@ -192,7 +193,7 @@ class BatchedRows:
         if self.kv == "dynamic":
             self.state.reset()
         else:
-            self.state = static_pool(self.model, f"rows{len(rows)}").claim(self, length)[0]
+            self.state = self._pool(len(rows)).claim(self, length)[0]
             self.state.reset()
         self.heads = [list(r.ids) for r in rows]
         self.rows = list(rows)
@@ -214,8 +215,7 @@ class BatchedRows:
             compiled = self.compiled(state, inputs["input_ids"], positions, mask)
             if compiled is not None:
                 return compiled[0][:, -1]
-        if state.static:
-            state.room_for(fresh)
+        state.room_for(fresh)
         out = self.model(attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                          use_cache=True, logits_to_keep=1, **inputs)
         state.wrote(fresh)
@@ -270,8 +270,7 @@ class BatchedRows:
         compiled = self.compiled(state, ids, positions, mask) if self.compiled is not None else None
         if compiled is not None:
             return compiled[0]  # (B, n, V)
-        if state.static:
-            state.room_for(len(nodes))
+        state.room_for(len(nodes))
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
                          use_cache=True, logits_to_keep=0)
         state.wrote(len(nodes))

@@ -173,8 +173,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
             compiled = self.compiled(view, ids, tree["position_ids"], tree.get("attention_mask"))
             if compiled is not None:
                 return compiled[0][0]  # (n, V)
-        if view.static:
-            view.room_for(len(tokens))
+        view.room_for(len(tokens))
         return early_exit_logits(self.decoder, self.head, view, ids, **tree)  # (n, V)
 
     @torch.inference_mode()
