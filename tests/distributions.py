@@ -128,14 +128,19 @@ class ToyModel:
         return joint
 
 
-def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, question: str = QUESTION) -> dict:
-    """{(x1, x2): p} for the target's first two sampled tokens, from its own forwards without a cache."""
-    text = render_prompt(target.processor, [question], [], n_images)
-    prompt = process(target.processor, text, tiny.images(n_images))
+def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, question: str = QUESTION,
+                images: list | None = None) -> dict:
+    """{(x1, x2): p} for the target's first two sampled tokens, from its own forwards without a cache
+    (``images``: default ``tiny.images(n_images)``)."""
+    images = tiny.images(n_images) if images is None else images
+    text = render_prompt(target.processor, [question], [], len(images))
+    prompt = process(target.processor, text, images)
     vision = {k: v.to(target.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     with torch.no_grad():
         def next_probs(ids):
-            out = target.model(input_ids=torch.tensor([ids]), **vision)
+            types = vision.get("mm_token_type_ids")  # Qwen-VL: one modality per id, text (0) after the prompt
+            extra = {} if types is None else {"mm_token_type_ids": torch.nn.functional.pad(types, (0, len(ids) - types.shape[1]))}
+            out = target.model(input_ids=torch.tensor([ids]), **{**vision, **extra})
             return probabilities(out.logits[0, -1], params)
 
         p1 = next_probs(prompt.ids)
@@ -144,12 +149,14 @@ def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, ques
                 for b, p2 in enumerate(next_probs(prompt.ids + [a])) if p2 > 0}
 
 
-def sampled_pairs(decoder, runs: int, n_images: int = 1, question: str = QUESTION) -> tuple[Counter, list]:
+def sampled_pairs(decoder, runs: int, n_images: int = 1, question: str = QUESTION,
+                  images: list | None = None) -> tuple[Counter, list]:
     """The first two tokens of ``runs`` seeded generations (seeds 0..runs-1, 3 new tokens each), and the turns."""
+    images = tiny.images(n_images) if images is None else images
     counts: Counter = Counter()
     turns = []
     for seed in range(runs):
-        turn = decoder.generate(tiny.images(n_images), [question], max_new_tokens=3, seed=seed).turns[0]
+        turn = decoder.generate(images, [question], max_new_tokens=3, seed=seed).turns[0]
         counts[tuple(turn.token_ids[:2])] += 1
         turns.append(turn)
     return counts, turns

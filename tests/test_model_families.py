@@ -5,9 +5,9 @@ draft expands the same prompt text its own way (one 28×28 image, 4 tokens). Gre
 decoding must still reproduce the target's own ``generate(do_sample=False)`` token for token.
 
 transformers 5.x builds a OneVision processor only with a video processor, which needs
-torchvision. Without torchvision the OneVision target's model is loaded exactly as ``load_model``
-loads it (``AutoModelForImageTextToText``) and its processor is the in-process images-only one
-of ``tiny.make_onevision_processor``; with torchvision it goes through ``load_model`` like NeXT.
+torchvision. Without torchvision ``load_model`` builds it from the image processor and the
+tokenizer (``loading.images_only_processor``); the test saves its files by hand there, since such a
+processor can't be saved. With torchvision everything goes through ``save_pretrained``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForImageTextToText
 from transformers.utils import is_torchvision_available
 
 from tests import tiny
@@ -61,8 +60,7 @@ def families(tmp_path_factory, tokenizer):
         draft_dir = tiny.save(tiny.llava_draft_for(target, 0.15, seed=1), draft_processor, root / f"{family}_draft")
         if family == "onevision" and not is_torchvision_available():
             save_without_video_processor(target, processor, root / family)
-            model = AutoModelForImageTextToText.from_pretrained(root / family, dtype=torch.float64).eval()
-            loaded = LoadedModel(role="target", name=str(root / family), model=model, processor=processor)
+            loaded = load(str(root / family), "target")
         else:
             loaded = load(tiny.save(target, processor, root / family), "target")
         out[family] = {"target": loaded, "draft": load(draft_dir, "draft"), "plain": load(plain_dir, "draft")}
@@ -78,6 +76,7 @@ def save_without_video_processor(model, processor, path) -> None:
               "vision_feature_select_strategy": processor.vision_feature_select_strategy,
               "vision_aspect_ratio": processor.vision_aspect_ratio}
     (path / "processor_config.json").write_text(json.dumps(config))
+    (path / "chat_template.jinja").write_text(processor.chat_template)
 
 
 def reference(target: LoadedModel, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
@@ -176,10 +175,12 @@ def test_a_reused_decoder_sees_an_image_of_another_shape(families, family):
         assert decoder.generate([tall], [QUESTION]).turns[0].token_ids == reference(target, [QUESTION], [], [tall])
 
 
-@pytest.mark.skipif(is_torchvision_available(), reason="with torchvision a OneVision model loads (the fixture uses load_model)")
-def test_onevision_without_torchvision_is_a_clear_load_error(families):
-    with pytest.raises(ModelLoadError, match="torchvision"):
-        load(families["onevision"]["target"].name, "target")
+@pytest.mark.skipif(is_torchvision_available(), reason="with torchvision the standard processor loads")
+def test_onevision_loads_without_torchvision(families):
+    """The loader builds the processor without its video part; it processes images as the standard one would."""
+    target = families["onevision"]["target"]
+    assert getattr(target.processor, "images_only", False)
+    assert target.processor.num_image_tokens == 4 and target.processor.chat_template == tiny.CHAT_TEMPLATE
 
 
 # --- An <image> id outside the prompt -----------------------------------------------------------------

@@ -64,6 +64,19 @@ def test_builtin_profiles_parse(name):
     assert first_line.startswith("# ")
 
 
+@pytest.mark.parametrize("name,target,draft,dtype", [
+    ("qwen25-vl-7b", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct", "bfloat16"),
+    ("qwen2-vl-7b", "Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct", "bfloat16"),
+    ("llava-onevision-7b", "llava-hf/llava-onevision-qwen2-7b-ov-hf", "mjbooo/lvlm68m-ov", "float16"),
+])
+def test_the_qwen_and_onevision_profiles_parse(name, target, draft, dtype):
+    profile = load_profile(name)
+    assert profile.target == ModelSpec(model=target, dtype=dtype)
+    assert profile.draft == ModelSpec(model=draft, dtype=dtype)
+    assert profile.drafter == "m" and profile.decoding == DecodingSpec(gamma=5, max_new_tokens=128, temperature=0.0)
+    assert (builtin_profiles_dir() / f"{name}.yaml").read_text().startswith("# ")
+
+
 @pytest.mark.parametrize("size", ["7b", "13b"])
 def test_the_vispec_profiles_name_the_published_heads(size):
     profile = load_profile(f"llava16-{size}-vispec")

@@ -139,8 +139,9 @@ def test_width_and_model_checks():
     for bad in (0, 9):
         with pytest.raises(InputError, match=r"tree width .* is outside \[1, 8\]"):
             check_tree_width(bad)
-    flash = SimpleNamespace(config=SimpleNamespace(text_config=SimpleNamespace(
-        model_type="llama", _attn_implementation="flash_attention_2")))
+    config = tiny.make_config(50)
+    config.text_config._attn_implementation_internal = "flash_attention_2"  # as loading flash-attn would set it
+    flash = SimpleNamespace(config=config)
     with pytest.raises(ModelLoadError, match="custom 4-D attention mask.*use --tree-width 1"):
         check_tree_support(flash)
 

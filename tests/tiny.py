@@ -130,29 +130,26 @@ def make_onevision_processor(tokenizer, chat_template: str | None = CHAT_TEMPLAT
 
     transformers 5.x builds this processor only with a video processor, and its video processors
     need torchvision. With torchvision the processor is the standard one (saveable, and loadable
-    by ``AutoProcessor``). Without it, an images-only processor is built (``video_processor=None``,
-    with transformers' sub-processor class check skipped during construction): it processes images
-    and text like the standard one but cannot be saved, and ``AutoProcessor`` cannot load a saved
-    OneVision model at all there.
+    by ``AutoProcessor``). Without it, it is the images-only one mmspec's loader builds
+    (``loading.images_only_processor``): it processes images and text like the standard one but
+    cannot be saved (``tests/test_model_families.py`` writes its files instead).
     """
-    from unittest import mock
-
     from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor
-    from transformers.processing_utils import ProcessorMixin
     from transformers.utils import is_torchvision_available
+
+    from mmspec_cli.models.loading import images_only_processor
 
     image_processor = LlavaOnevisionImageProcessorPil(size={"height": 28, "width": 28},
                                                       image_grid_pinpoints=GRID_PINPOINTS)
-    kwargs = dict(image_processor=image_processor, tokenizer=tokenizer, num_image_tokens=4,
-                  vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
+    kwargs = dict(num_image_tokens=4, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
                   chat_template=chat_template)
     if is_torchvision_available():
         from transformers import LlavaOnevisionVideoProcessor
 
-        return LlavaOnevisionProcessor(video_processor=LlavaOnevisionVideoProcessor(size={"height": 28, "width": 28}),
+        return LlavaOnevisionProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                       video_processor=LlavaOnevisionVideoProcessor(size={"height": 28, "width": 28}),
                                        **kwargs)
-    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
-        return LlavaOnevisionProcessor(video_processor=None, **kwargs)
+    return images_only_processor(LlavaOnevisionProcessor, image_processor, tokenizer, **kwargs)
 
 
 def make_onevision_config(vocab_size: int, hidden: int = 32, layers: int = 2):

@@ -42,7 +42,7 @@ def eos_ids(target: LoadedModel) -> set[int]:
 
 def context_length(config: Any) -> int | None:
     """The model's context (``max_position_embeddings`` of its text config); None when it declares none."""
-    text = getattr(config, "text_config", None) or config
+    text = config.get_text_config()
     value = getattr(text, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
 

@@ -3,11 +3,15 @@
 Target and drafters talk to their models only through :class:`CachedModel.logits`: "give
 me the logits of the last ``keep`` positions of this token sequence". The runner finds
 the longest prefix already in its KV state (:mod:`.kv_state`), rolls the rest back, and feeds
-only the new tokens at explicit positions (:mod:`mmspec_cli.models.positions`). The engine rolls
+only the new tokens at explicit positions (its family's: :mod:`mmspec_cli.models.families`). The engine rolls
 the target back as a visible step after verification (:meth:`CachedModel.rollback`), so the
 target's next call finds its prefix held already. The whole prefix is never re-run, except when
 the new part contains image placeholders (their pixels must go through the vision tower with the
 full prompt).
+
+Positions after a prompt fed with its images follow that prompt's rope offset (Qwen-VL's M-RoPE δ,
+0 for LLaVA), computed from the prompt when it is fed and held with the ids it belongs to: a runner
+that drops those images (reset, or a prefix that cuts into them) drops the offset with them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
-from mmspec_cli.models.positions import positions_for
+from mmspec_cli.models.families import family_of
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -77,7 +81,9 @@ class CachedModel:
         self.image_token_id = image_token_id
         self.device = model.device
         self.kv = kv
-        self.positions = positions_for(model)
+        self.family = family_of(model)
+        self.positions = self.family.positions()  # after the held prompt: its rope offset (0 without images)
+        self.images_end = 0  # one past the last image placeholder the state holds with its pixels
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
         self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
@@ -120,6 +126,8 @@ class CachedModel:
     def _forget(self) -> None:
         self.ids = []
         self.vision = {}
+        self.positions = self.family.positions()
+        self.images_end = 0
         self.tree = None
         if self.features is not None:
             self.features.clear()
@@ -146,7 +154,7 @@ class CachedModel:
         self._drop_tree()
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
-        held = common_prefix_length(self.ids, ids) == len(ids) and len(ids) > 0
+        held = common_prefix_length(self.ids, ids) == len(ids) and len(ids) >= max(1, self.images_end)
         if held and (not images_end or same_tensors(self.vision, vision)):
             self._crop(len(ids))
             self.ids = list(ids)
@@ -217,8 +225,9 @@ class CachedModel:
             else:
                 self.vision = dict(vision or {})  # the same images: identity checks succeed from now on
         reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
-        if reuse < images_end:
+        if reuse < max(images_end, self.images_end):  # images to feed, or held images cut into
             self.reset()
+            self.images_end = images_end
             segments = [(0, prompt_len, vision or {}), (prompt_len, len(ids), {})]
         else:
             self._crop(reuse)
@@ -234,7 +243,11 @@ class CachedModel:
         """Feed ``ids`` (with ``images`` for their placeholders) at the next positions; logits of the last
         ``wanted`` positions."""
         state = self.state
-        positions = self.positions.chain(state.length, len(ids), self.device)  # (1, n)
+        if images:  # a whole prompt from position 0: the family's prompt positions and its rope offset
+            positions, offset = self.family.prompt_positions(self.model, ids, images, self.device)
+            self.positions = self.family.positions(offset)
+        else:
+            positions = self.positions.chain(state.length, len(ids), self.device)  # (1, n), or (3, 1, n) M-RoPE
         compiled = None
         if self.compiled is not None and not images:
             input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)

@@ -35,11 +35,10 @@ import torch
 from mmspec_cli.choices import MAX_TREE_WIDTH, tree_kind
 from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models.families import family_of
 from mmspec_cli.models.positions import TEXT_POSITIONS, Positions
 
-#: Decoders whose attention takes a prepared 4-D additive mask as it is (eager and sdpa attention).
-MASKABLE_DECODERS = ("llama", "mistral", "qwen2")
-MASKABLE_ATTENTION = ("eager", "sdpa")
+MASKABLE_ATTENTION = ("eager", "sdpa")  # attention that takes a prepared 4-D additive mask as it is
 ROOT = -1  # the parent of a depth-0 node
 
 
@@ -51,13 +50,15 @@ def check_tree_width(width: int) -> int:
 
 
 def check_tree_support(model) -> None:
-    """Refuse a model whose decoder can't take a custom 4-D attention mask (token trees need one)."""
-    text = getattr(model.config, "text_config", None) or model.config
+    """Refuse a model whose decoder can't take a custom 4-D attention mask (token trees need one); its family
+    (:mod:`mmspec_cli.models.families`) names the decoders that can."""
+    text = model.config.get_text_config()
     kind = getattr(text, "model_type", None)
+    decoders = family_of(model).tree_decoders
     attention = getattr(text, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
-    if kind not in MASKABLE_DECODERS or attention not in MASKABLE_ATTENTION:
+    if kind not in decoders or attention not in MASKABLE_ATTENTION:
         raise ModelLoadError(
-            f"token trees need a decoder that takes a custom 4-D attention mask ({', '.join(MASKABLE_DECODERS)} "
+            f"token trees need a decoder that takes a custom 4-D attention mask ({', '.join(decoders)} "
             f"with {' or '.join(MASKABLE_ATTENTION)} attention); {type(model).__name__} has {kind} with {attention} "
             f"attention; use --tree-width 1")
 

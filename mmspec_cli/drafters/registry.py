@@ -11,7 +11,7 @@ never ensemble members either; ``oracle``, a benchmarking drafter that replays a
 (:mod:`.oracle`; built from that recording, greedy only, chains only).
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
-(:mod:`.rows`), which needs a LLaVA-1.5-style draft.
+(:mod:`.rows`), whose image rows need a LLaVA-1.5-style or a Qwen-VL draft (pooled rows: LLaVA-1.5).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
-from mmspec_cli.drafters.rows import llava_parts
+from mmspec_cli.drafters.rows import check_row_images
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.oracle import NO_SAMPLING, NO_TREES, OracleDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
@@ -174,7 +174,7 @@ def build_drafter(
         view = multimodal_view(draft) if plan.members == ("m",) else text_only_view(draft)
         return SingleModelDrafter(name, draft, view, target_vocab=target.vocab_size)
     if {"m", "p"} & set(plan.members):
-        llava_parts(draft.model)  # batched image rows build LLaVA-1.5 inputs themselves: refuse other drafts now
+        check_row_images(draft.model, pooled="p" in plan.members)  # refuse drafts whose images rows can't feed, now
     views = {
         "m": lambda: multimodal_row(draft),
         "t": lambda: text_only_row(draft),

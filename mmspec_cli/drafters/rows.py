@@ -7,17 +7,23 @@ with an attention mask, and each row gets its own positions, so every draft step
 forward for all rows and each row computes what it would compute alone. Rolling back
 after verification rolls all rows' caches back together (one :class:`~mmspec_cli.decoding.kv_state.KVState`).
 
-Inputs are given as embeddings (``inputs_embeds``): text embeddings with each image's
-placeholder positions filled by its projected vision features, optionally average-pooled
-in their 2-D patch grid first (pooled drafting, TABED §6.1). This uses the model's own
-vision tower, projector and embedding table; nothing in transformers is patched.
+How a row's images enter depends on the draft's family (:mod:`mmspec_cli.models.families`):
+
+- LLaVA-1.5 drafts get embeddings (``inputs_embeds``): text embeddings with each image's
+  placeholder positions filled by its projected vision features, optionally average-pooled
+  in their 2-D patch grid first (pooled drafting, TABED §6.1). This uses the model's own
+  vision tower, projector and embedding table; nothing in transformers is patched.
+- Qwen-VL drafts get the left-padded ids with every image row's processor tensors concatenated
+  (``pixel_values``, ``image_grid_thw``): the model's own forward embeds them (Qwen3-VL's DeepStack
+  included), at each row's own M-RoPE positions (``get_rope_index`` per row), and every later
+  position of a row adds that row's rope offset.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +33,21 @@ from mmspec_cli.decoding.kv import common_prefix_length, same_tensors
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.models.families import family_of
 
 
 @dataclass(frozen=True)
 class Row:
-    """One member's prompt: ids (image placeholders already sized for ``pool``) and its pixels."""
+    """One member's prompt: ids (image placeholders already sized for ``pool``) and its image tensors
+    (the processor's: ``pixel_values``, and ``image_grid_thw`` for Qwen-VL)."""
 
     ids: list[int]
-    pixel_values: torch.Tensor | None = None
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
     pool: int = 1  # kernel of the 2-D average pooling of vision features; 1 = none
+
+    @property
+    def pixel_values(self) -> torch.Tensor | None:
+        return self.vision.get("pixel_values")
 
 
 def llava_parts(model):
@@ -47,7 +59,8 @@ def llava_parts(model):
     if model.config.model_type != "llava" or tower is None or projector is None or not isinstance(layer, int):
         raise ModelLoadError(
             f"batched ensemble and pooled drafting need a LLaVA-1.5-style draft (LlavaForConditionalGeneration, "
-            f"one vision feature layer); got {type(model).__name__}; use a single drafter such as m or t"
+            f"one vision feature layer; multimodal rows also take a Qwen-VL draft); got {type(model).__name__}; "
+            f"use a single drafter such as m or t"
         )
     return tower, projector
 
@@ -107,7 +120,17 @@ def additive_step_mask(mask: torch.Tensor, fresh: int, dtype: torch.dtype) -> to
 
 def _images(row: Row) -> dict[str, torch.Tensor]:
     """A row's image tensors in the form ``kv.same_tensors`` compares (empty for text rows)."""
-    return {} if row.pixel_values is None else {"pixel_values": row.pixel_values}
+    return dict(row.vision) if row.pixel_values is not None else {}
+
+
+def check_row_images(model, pooled: bool) -> None:
+    """Refuse, in one line, a draft whose images batched rows can't feed: pooled rows need a LLaVA-1.5-style
+    draft (they pool its patch grid before the projector); multimodal rows need that or a Qwen-VL draft."""
+    if family_of(model).name != "qwen-vl":
+        llava_parts(model)
+    elif pooled:
+        raise ModelLoadError(f"pooled drafting (p) is not built for Qwen-VL drafts yet ({type(model).__name__}: it "
+                             f"pools a LLaVA-1.5 patch grid before the projector); use m, t, c or an ensemble of them")
 
 
 class BatchedRows:
@@ -116,6 +139,8 @@ class BatchedRows:
     def __init__(self, model, image_token_id: int | None, kv: str = "dynamic"):
         self.model = model
         self.image_token_id = image_token_id
+        self.family = family_of(model)
+        self.positions = self.family.positions()  # after the heads: each row's rope offset (B, 1) for M-RoPE
         self.heads: list[list[int]] = []
         self.pixels: list[dict[str, torch.Tensor]] = []  # each head's image tensors
         self.rows: list[Row] = []  # the rows of the last prefill (a static state lost to another batch: re-fed)
@@ -182,14 +207,15 @@ class BatchedRows:
 
     @torch.inference_mode()
     def _prefill(self, rows: Sequence[Row]) -> None:
-        embeds = [row_embeddings(self.model, r, self.image_token_id) for r in rows]
-        length = max(e.shape[0] for e in embeds)
-        hidden = embeds[0].shape[-1]
-        batch = torch.zeros(len(rows), length, hidden, dtype=embeds[0].dtype, device=self.model.device)  # (B, L, H)
+        length = max(len(r.ids) for r in rows)
         mask = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # (B, L)
-        for b, e in enumerate(embeds):
-            batch[b, length - e.shape[0]:] = e
-            mask[b, length - e.shape[0]:] = 1
+        for b, r in enumerate(rows):
+            mask[b, length - len(r.ids):] = 1
+        if self.family.name == "qwen-vl":
+            inputs, positions = self._model_inputs(rows, length)
+        else:
+            inputs = {"inputs_embeds": self._embeddings(rows, length)}
+            positions = (mask.cumsum(1) - 1).clamp_min(0)  # (B, L): each row counts its own tokens from 0
         if self.kv == "dynamic":
             self.state.reset()
         else:
@@ -200,18 +226,49 @@ class BatchedRows:
         self.pixels = [_images(r) for r in rows]
         self.shared = []
         self.mask = mask
-        self.head_logits = self._forward(length, inputs_embeds=batch)
+        self.head_logits = self._forward(length, positions=positions, **inputs)
         self.last_logits = self.head_logits
 
-    def _forward(self, fresh: int, **inputs) -> torch.Tensor:
-        """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V)."""
-        positions = (self.mask.cumsum(1) - 1).clamp_min(0)[:, -fresh:]  # (B, fresh): each row counts its own tokens
+    def _embeddings(self, rows: Sequence[Row], length: int) -> torch.Tensor:
+        """(B, L, H) left-padded input embeddings, images filled in by mmspec (LLaVA-1.5 drafts, pooled rows)."""
+        embeds = [row_embeddings(self.model, r, self.image_token_id) for r in rows]
+        batch = torch.zeros(len(rows), length, embeds[0].shape[-1], dtype=embeds[0].dtype, device=self.model.device)
+        for b, e in enumerate(embeds):
+            batch[b, length - e.shape[0]:] = e
+        self.positions = self.family.positions()
+        return batch
+
+    def _model_inputs(self, rows: Sequence[Row], length: int) -> tuple[dict, torch.Tensor]:
+        """Left-padded ids with the image rows' tensors, for the model's own forward to embed; each row's prompt
+        positions (3, B, L) and rope offset, from its family."""
+        device = self.model.device
+        ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)  # padding: masked, never an image id
+        positions = torch.zeros(3, len(rows), length, dtype=torch.long, device=device)
+        offsets = torch.zeros(len(rows), 1, dtype=torch.long)
+        images: dict[str, list[torch.Tensor]] = {}
+        for b, r in enumerate(rows):
+            ids[b, length - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
+            row_positions, offsets[b, 0] = self.family.prompt_positions(self.model, r.ids, _images(r), device)
+            positions[:, b, length - len(r.ids):] = row_positions[:, 0]
+            for key in ("pixel_values", "image_grid_thw"):
+                if key in _images(r):
+                    images.setdefault(key, []).append(r.vision[key])
+        self.positions = self.family.positions(offsets)
+        vision = {k: _to_model(torch.cat(v), self.model) for k, v in images.items()}
+        return {"input_ids": ids, **vision}, positions
+
+    def _forward(self, fresh: int, positions: torch.Tensor | None = None, **inputs) -> torch.Tensor:
+        """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V).
+        ``positions``: given at a prefill; after it each row counts its own tokens (plus its rope offset)."""
+        if positions is None:
+            start = self.mask[:, :-fresh].sum(dim=1, keepdim=True).cpu()  # (B, 1) real positions before
+            positions = self.positions.tree(start, torch.arange(fresh)).to(self.model.device)  # (B, n) or (3, B, n)
         state = self.state
         mask = self.mask
         if state.static or (self.shared and self.model.config._attn_implementation in ("sdpa", "eager")):
             mask = additive_step_mask(self.mask, fresh, self.model.dtype)  # saves rebuilding it from 2-D each step
             mask = state.fit_mask(mask)  # a static state: as wide as its capacity
-        if self.compiled is not None and "input_ids" in inputs:
+        if self.compiled is not None and "input_ids" in inputs and "pixel_values" not in inputs:
             compiled = self.compiled(state, inputs["input_ids"], positions, mask)
             if compiled is not None:
                 return compiled[0][:, -1]
@@ -265,6 +322,7 @@ class BatchedRows:
         nodes = self.tree.add(tokens, parents)
         state = self.state
         mask, positions = self.tree.inputs(nodes, self.model.dtype, self.model.device, prefix=self.mask,
+                                           positions=self.positions,
                                            width=state.mask_width(len(nodes)))  # (B, 1, n, W), (B, n)
         ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
         compiled = self.compiled(state, ids, positions, mask) if self.compiled is not None else None
@@ -292,3 +350,7 @@ class BatchedRows:
         if self.tree is not None:
             self.tree.drop(self.state)
             self.tree = None
+
+
+def _to_model(value: torch.Tensor, model) -> torch.Tensor:
+    return value.to(model.device, model.dtype) if value.is_floating_point() else value.to(model.device)

@@ -39,7 +39,7 @@ def multimodal_view(draft: LoadedModel) -> PromptView:
 
 def text_only_view(draft: LoadedModel) -> PromptView:
     def view(text: str, images: Sequence[Any]) -> ModelPrompt:
-        return ModelPrompt(ids=text_only_ids(draft.tokenizer, text, draft.image_token_id, len(images)))
+        return ModelPrompt(ids=text_only_ids(draft.tokenizer, text, draft.image_placeholder_ids, len(images)))
 
     return view
 

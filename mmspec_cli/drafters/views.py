@@ -23,20 +23,20 @@ RowView = Callable[[str, Sequence[Any]], Row]
 def multimodal_row(draft: LoadedModel) -> RowView:
     def view(text: str, images: Sequence[Any]) -> Row:
         prompt = process(draft.processor, text, images)
-        return Row(ids=prompt.ids, pixel_values=prompt.vision.get("pixel_values"))
+        return Row(ids=prompt.ids, vision=dict(prompt.vision))
 
     return view
 
 
 def text_only_row(draft: LoadedModel) -> RowView:
-    return lambda text, images: Row(ids=text_only_ids(draft.tokenizer, text, draft.image_token_id, len(images)))
+    return lambda text, images: Row(ids=text_only_ids(draft.tokenizer, text, draft.image_placeholder_ids, len(images)))
 
 
 def caption_row(draft: LoadedModel, captioner: Captioner) -> RowView:
     def view(text: str, images: Sequence[Any]) -> Row:
         tokenizer = draft.tokenizer
         captions = [tokenizer(f"image: {captioner.caption(img)}", add_special_tokens=False)["input_ids"] for img in images]
-        return Row(ids=replace_image_tokens(tokenizer(text)["input_ids"], draft.image_token_id, captions))
+        return Row(ids=replace_image_tokens(tokenizer(text)["input_ids"], draft.image_placeholder_ids, captions))
 
     return view
 
@@ -50,6 +50,6 @@ def pooled_row(draft: LoadedModel, kernel: int) -> RowView:
         kept = pooled_token_count(per_image, kernel)
         unexpanded = draft.tokenizer(text)["input_ids"]
         ids = replace_image_tokens(unexpanded, image_id, [[image_id] * kept] * len(images))
-        return Row(ids=ids, pixel_values=prompt.vision.get("pixel_values"), pool=kernel)
+        return Row(ids=ids, vision={k: v for k, v in prompt.vision.items() if k == "pixel_values"}, pool=kernel)
 
     return view

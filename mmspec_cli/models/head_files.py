@@ -97,7 +97,7 @@ def infer_kind(weights: dict[str, torch.Tensor]) -> str:
 
 
 def target_shape(target: LoadedModel) -> dict[str, int]:
-    text = getattr(target.model.config, "text_config", None) or target.model.config
+    text = target.model.config.get_text_config()
     return {"hidden_size": text.hidden_size, "vocab_size": target.vocab_size,
             "num_attention_heads": text.num_attention_heads}
 
@@ -165,9 +165,16 @@ def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> N
 
 
 def head_config(target: LoadedModel) -> LlamaConfig:
-    """The layer config of a new head for ``target``: the target's text config, one layer."""
-    text = getattr(target.model.config, "text_config", None) or target.model.config
-    fields = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "model_type")}
+    """The layer config of a new head for ``target``: the target's text config, one layer.
+
+    The head reads 1-D positions along its own sequence (:func:`~mmspec_cli.models.head.head_sequence`), so a
+    Qwen-VL target's M-RoPE sections are left out of its rotary settings, and so is the per-layer list of the
+    target's attention kinds (``layer_types``)."""
+    text = target.model.config.get_text_config()
+    fields = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "model_type", "layer_types")}
+    rope = fields.get("rope_parameters")
+    if isinstance(rope, dict):
+        fields["rope_parameters"] = {k: v for k, v in rope.items() if not k.startswith("mrope")}
     fields.update(num_hidden_layers=1, vocab_size=target.vocab_size)
     return LlamaConfig(**fields)
 

@@ -24,6 +24,9 @@ ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
+#: File name endings of video files, refused before they are opened (Qwen-VL's video path is not built yet).
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpeg", ".mpg", ".wmv", ".flv", ".3gp")
+
 
 def load_image(path: str | Path) -> Image.Image:
     """Open an image file fully (so corrupt files fail here, not mid-decoding) as 8-bit RGB (:func:`to_rgb`)."""
@@ -38,6 +41,9 @@ def load_image(path: str | Path) -> Image.Image:
         raise InputError(f"image '{shown}' is a directory; pass image files (e.g. {shorten(str(p))}/*.png)")
     if not exists:
         raise InputError(_missing(str(path), p))
+    if p.suffix.lower() in VIDEO_SUFFIXES:
+        raise InputError(f"'{shown}' is a video; video input is not supported yet: pass still frames of it "
+                         f"(PNG or JPEG files) as images")
     try:
         with Image.open(p) as img:
             img.load()

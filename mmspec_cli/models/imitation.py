@@ -49,7 +49,7 @@ class ImitationNetwork(nn.Module):
 
 def target_facts(target: LoadedModel) -> dict[str, int]:
     """What an IN must match in its target: width, depth and vocabulary."""
-    text = getattr(target.model.config, "text_config", None) or target.model.config
+    text = target.model.config.get_text_config()
     return {"hidden_size": text.hidden_size, "num_hidden_layers": text.num_hidden_layers,
             "vocab_size": target.vocab_size}
 

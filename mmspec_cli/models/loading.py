@@ -11,6 +11,7 @@ Hugging Face cache (:func:`_hub_source`), instead of after half a minute of retr
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import urllib.error
@@ -24,6 +25,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.models.families import family_of
 
 HUB_PROBE_TIMEOUT_S = 2.0  # one HEAD request to the hub; DNS failures and refused connections answer far sooner
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -45,6 +47,11 @@ class LoadedModel:
     @property
     def image_token_id(self) -> int | None:
         return image_token_id(self.processor, self.model.config)
+
+    @property
+    def image_placeholder_ids(self) -> tuple[int, ...]:
+        """The token ids one image is in the prompt text before the processor expands it (its family's)."""
+        return family_of(self.model).image_placeholder_ids(self.image_token_id)
 
     @property
     def vocab_size(self) -> int:
@@ -275,7 +282,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     if config.model_type not in supported and not spec.trust_remote_code:
         raise ModelLoadError(
             f"{role}.model: '{spec.model}' is a '{config.model_type}' model, not an image-text-to-text model; "
-            f"use a LLaVA-family model such as llava-hf/llava-1.5-7b-hf"
+            f"use a LLaVA-family or Qwen-VL model such as llava-hf/llava-1.5-7b-hf or Qwen/Qwen2.5-VL-7B-Instruct"
         )
     dtype = getattr(torch, spec.dtype)  # one of choices.DTYPES, checked by the profile
     kwargs: dict[str, Any] = dict(common, dtype=dtype)
@@ -286,7 +293,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
         kwargs["device_map"] = "auto"
     try:
         model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
-        processor = _load_processor(name, common, role, spec.model, fallback_processor)
+        processor = _load_processor(name, common, role, spec.model, fallback_processor, config.model_type)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelLoadError(
             f"CUDA ran out of memory loading the {role} model '{spec.model}'; set {role}.quantization: 4bit or 8bit, "
@@ -303,7 +310,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     return LoadedModel(role=role, name=spec.model, model=model, processor=processor)
 
 
-def _load_processor(name: str, common: dict, role: str, shown: str, fallback: Any) -> Any:
+def _load_processor(name: str, common: dict, role: str, shown: str, fallback: Any, model_type: str) -> Any:
     try:
         return AutoProcessor.from_pretrained(name, **common)
     except (OSError, ValueError, TypeError) as exc:
@@ -311,6 +318,58 @@ def _load_processor(name: str, common: dict, role: str, shown: str, fallback: An
             return fallback
         raise ModelLoadError(f"{role}.model: '{shown}' has no usable processor files (tokenizer and image processor: "
                              f"{_first_line(exc)}); save its processor with save_pretrained next to the weights") from exc
+    except (ImportError, AttributeError) as exc:  # its video part needs torchvision (ImportError in 5.23,
+        processor = _images_only_from_pretrained(name, common, model_type)  # an AttributeError in earlier 5.x)
+        if processor is None:
+            raise ModelLoadError(f"{role}.model: '{shown}' has a processor that could not be built "
+                                 f"({_first_line(exc)}); if it names a missing package, install it "
+                                 f"(often `pip install torchvision`) and try again") from exc
+        return processor
+
+
+def images_only_processor(cls: type, image_processor: Any, tokenizer: Any, **kwargs: Any) -> Any:
+    """A ``cls`` processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision) built from its image processor and
+    tokenizer alone, with no video processor: it processes images and text exactly as the full one does.
+
+    transformers 5.x builds these processors only with a video processor, and video processors need
+    torchvision (transformers #43986, #48556). The subclass accepts ``video_processor=None`` through
+    ``check_argument_for_proper_class``, the hook transformers gives processors for checking their parts;
+    a video given to it fails in transformers with its own error. It can't be saved with ``save_pretrained``.
+    """
+    return _images_only_class(cls)(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                   **kwargs)
+
+
+@functools.cache
+def _images_only_class(cls: type) -> type:
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return cls.check_argument_for_proper_class(self, argument_name, argument)
+
+    return type(cls.__name__, (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class,
+                                       "images_only": True, "__module__": __name__,
+                                       "__doc__": f"{cls.__name__} without a video processor (no torchvision)."})
+
+
+def _images_only_from_pretrained(name: str, common: dict, model_type: str) -> Any | None:
+    """The model's processor without its video processor, from the same files; None when torchvision is present
+    or the processor has no video part (then the ImportError had another cause)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    from transformers.utils import is_torchvision_available
+
+    class_name = PROCESSOR_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, class_name, None) if isinstance(class_name, str) else None
+    if is_torchvision_available() or cls is None or "video_processor" not in cls.get_attributes():
+        return None
+    processor_dict, extra = cls.get_processor_dict(name, **common)
+    parts = {"image_processor": AutoImageProcessor.from_pretrained(name, **common),
+             "tokenizer": AutoTokenizer.from_pretrained(name, **common), "video_processor": None}
+    if set(cls.get_attributes()) != set(parts):
+        return None
+    return _images_only_class(cls).from_args_and_dict([parts[a] for a in cls.get_attributes()], processor_dict,
+                                                      **extra)
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -3,12 +3,16 @@
 Every forward of the decoding loop passes explicit position ids (and, over a static cache, the
 cache's own pointer decides where the keys and values are written: :mod:`mmspec_cli.decoding.kv_state`);
 ``train-head`` reads whole sequences from position 0, where the model's own default is the same.
-A model family with other positions (Qwen-VL's 3-D M-RoPE ids, next) supplies its own
-:class:`Positions`; :func:`positions_for` picks it.
+A model family with other positions supplies its own :class:`Positions`
+(:mod:`mmspec_cli.models.families` says which): Qwen-VL's 3-D M-RoPE ids, :class:`MRopePositions`.
 
 - A chain of ``n`` tokens fed after ``start`` real positions reads positions ``start .. start+n-1``.
 - A tree node at depth ``d`` (0 for the root's children) fed after ``start`` real positions reads
   ``start + d``: each branch computes what it would compute alone (SpecInfer; Medusa).
+- M-RoPE (Qwen2-VL §2.1): after the prompt's last image every token reads ``index + δ`` on all three
+  axes (temporal, height, width), where δ, the prompt's rope offset, is what transformers'
+  ``get_rope_index`` returns for the prompt (negative: an image's tokens span fewer positions than
+  there are tokens). So a chain reads ``start + i + δ`` and a tree node ``start + d + δ``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,17 @@ class Positions:
 TEXT_POSITIONS = Positions()
 
 
-def positions_for(model: Any) -> Positions:
-    """The position function of ``model``'s family (every family mmspec loads today reads 1-D positions)."""
-    return TEXT_POSITIONS
+class MRopePositions(Positions):
+    """Qwen-VL's M-RoPE position ids (3, B, n) after a prompt whose rope offset is ``offset`` (δ): one number,
+    or (B, 1), one per row of a batch (batched draft rows; then only :meth:`tree` applies)."""
+
+    def __init__(self, offset: int | torch.Tensor = 0):
+        self.offset = offset if isinstance(offset, torch.Tensor) else int(offset)
+
+    def chain(self, start: int, n: int, device: Any = None) -> torch.Tensor:
+        """(3, 1, n): ``start + offset + i`` on each of the three axes."""
+        return super().chain(start + self.offset, n, device)[None].expand(3, -1, -1)
+
+    def tree(self, start: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """(3, B, n): ``start + offset + depth`` on each axis."""
+        return super().tree(start + self.offset, depths)[None].expand(3, -1, -1)

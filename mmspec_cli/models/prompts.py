@@ -168,15 +168,25 @@ def newline_token_id(tokenizer: Any) -> int:
     return tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
 
 
-def replace_image_tokens(ids: Sequence[int], image_token_id: int, replacements: Sequence[Sequence[int]]) -> list[int]:
+def replace_image_tokens(ids: Sequence[int], placeholder: int | Sequence[int],
+                         replacements: Sequence[Sequence[int]]) -> list[int]:
     """Replace the i-th image placeholder in *unexpanded* ids by ``replacements[i]`` (pure).
 
-    In a prompt tokenized without its processor, each image is exactly one placeholder token
-    (its "whole run" before expansion), so two adjacent images stay two replacements. Used
-    for text-only drafting (each image becomes one newline token, TABED App. I.2) and caption
-    drafting (each image becomes the tokens of "image: <caption>", TABED App. I.2).
+    In a prompt tokenized without its processor, each image is one ``placeholder``: a single token
+    (LLaVA's ``<image>``) or a run of tokens (Qwen-VL's ``<|vision_start|><|image_pad|><|vision_end|>``),
+    so two adjacent images stay two replacements. Used for text-only drafting (each image becomes
+    one newline token, TABED App. I.2) and caption drafting (each image becomes the tokens of
+    "image: <caption>", TABED App. I.2).
     """
-    positions = [i for i, token in enumerate(ids) if token == image_token_id]
+    run = (placeholder,) if isinstance(placeholder, int) else tuple(placeholder)
+    ids = list(ids)
+    positions, i = [], 0
+    while i <= len(ids) - len(run):
+        if tuple(ids[i:i + len(run)]) == run:
+            positions.append(i)
+            i += len(run)
+        else:
+            i += 1
     if len(positions) != len(replacements):
         raise ValueError(f"prompt has {len(positions)} image placeholders but {len(replacements)} replacements were given")
     out: list[int] = []
@@ -184,13 +194,13 @@ def replace_image_tokens(ids: Sequence[int], image_token_id: int, replacements: 
     for position, replacement in zip(positions, replacements):
         out.extend(ids[start:position])
         out.extend(replacement)
-        start = position + 1
+        start = position + len(run)
     out.extend(ids[start:])
     return out
 
 
-def text_only_ids(tokenizer: Any, text: str, image_token_id: int, n_images: int) -> list[int]:
-    """TABED App. I.2: tokenize the prompt unexpanded, each ``<image>`` token becoming one "\\n" token."""
+def text_only_ids(tokenizer: Any, text: str, placeholder: int | Sequence[int], n_images: int) -> list[int]:
+    """TABED App. I.2: tokenize the prompt unexpanded, each image's ``placeholder`` becoming one "\\n" token."""
     ids = tokenizer(text)["input_ids"]
     newline = newline_token_id(tokenizer)
-    return replace_image_tokens(ids, image_token_id, [[newline]] * n_images)
+    return replace_image_tokens(ids, placeholder, [[newline]] * n_images)

@@ -44,6 +44,7 @@ from transformers import DynamicCache
 from mmspec_cli.decoding.engine import check_context, eos_ids
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.families import family_of
 from mmspec_cli.models.prompts import ModelPrompt, process, render_prompt, shorten
 from mmspec_cli.models.target_identity import canonical_name
 from mmspec_cli.training.corpus import Conversation
@@ -169,6 +170,20 @@ def _batch_seed(seed: int, turn: int, batch: int) -> int:
     return ((seed * 1_000_003 + turn) * 1_000_003 + batch) % (2**63 - 1)
 
 
+def prompt_positions(model, prompts: Sequence[ModelPrompt], mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded prompts: each row counts its own tokens from 0 (LLaVA), or each row's
+    M-RoPE positions from its family (Qwen-VL: ``get_rope_index`` per row), padding at 0."""
+    family = family_of(model)
+    if family.name != "qwen-vl":
+        return (mask.cumsum(-1) - 1).clamp(min=0)
+    width = mask.shape[1]
+    positions = torch.zeros(3, len(prompts), width, dtype=torch.long, device=mask.device)
+    for row, prompt in enumerate(prompts):
+        own, _ = family.prompt_positions(model, prompt.ids, prompt.vision, mask.device)  # (3, 1, L)
+        positions[:, row, width - len(prompt.ids):] = own[:, 0]
+    return positions
+
+
 @torch.inference_mode()
 def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperature: float, max_new_tokens: int,
                  generator: torch.Generator) -> list[list[int]]:
@@ -185,12 +200,12 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
         ids[row, width - len(prompt.ids):] = torch.tensor(prompt.ids)
         mask[row, width - len(prompt.ids):] = 1
     vision: dict[str, torch.Tensor] = {}
-    for key in {k for p in prompts for k in p.vision}:
+    for key in {k for p in prompts for k in p.vision} - {"mm_token_type_ids"}:  # per row: positions say it below
         vision[key] = torch.cat([p.vision[key] for p in prompts if key in p.vision]).to(device)
         if vision[key].is_floating_point():
             vision[key] = vision[key].to(model.dtype)
     ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    positions = prompt_positions(model, prompts, mask)  # (B, L), or (3, B, L) for M-RoPE
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                    use_cache=True, logits_to_keep=1, **vision).logits[:, -1]
@@ -209,7 +224,7 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
         if all(done) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=1)
-        positions = positions[:, -1:] + 1
+        positions = positions[..., -1:] + 1  # the next position of each row, on every axis
         logits = model(input_ids=tokens[:, None].to(device), attention_mask=mask, position_ids=positions,
                        past_key_values=cache, use_cache=True).logits[:, -1]
     return answers

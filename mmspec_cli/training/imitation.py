@@ -32,7 +32,7 @@ FUSED_LAYERS = 4  # the last four layers' outputs (FastVLM: x_L, x_{L-1}, x_{L-2
 
 def fused_layers(target: LoadedModel) -> int:
     """How many last layers are fused: four, or all of them in a shallower target."""
-    text = getattr(target.model.config, "text_config", None) or target.model.config
+    text = target.model.config.get_text_config()
     return min(FUSED_LAYERS, text.num_hidden_layers)
 
 

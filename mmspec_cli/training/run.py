@@ -334,7 +334,7 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
     layer = s.ssd_layer
     main = accelerator.is_main_process
     torch.manual_seed(s.seed)
-    hidden = (getattr(target.model.config, "text_config", None) or target.model.config).hidden_size
+    hidden = target.model.config.get_text_config().hidden_size
     objective = ImitationObjective(ImitationNetwork(hidden), target, s.noise)
     identity = {"kind": IMITATION, "layer": layer, "target": target_name, "sequences": len(store),
                 "answers": asdict(s.answers)}

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from mmspec_cli.decoding.features import tap_for
 from mmspec_cli.decoding.kv import to_model
 from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.families import family_of
 from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.training.answers import Answer
 from mmspec_cli.training.corpus import Conversation
@@ -72,18 +73,24 @@ def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any], None],
     """Run the frozen target over the turn's prompt, then its answer, as decoding fed them (module doc).
 
     The prompt goes with its images; the answer follows in a second forward over the cached prompt,
-    with no pixels. ``on_forward(output)`` is called after each forward (the reader takes what it
-    needs); ``kwargs`` go to both. Returns the prompt as the target's processor tokenized it.
+    with no pixels. Both get explicit positions from the target's family (the answer's follow the
+    prompt's rope offset, never one the model object kept). ``on_forward(output)`` is called after each
+    forward (the reader takes what it needs); ``kwargs`` go to both. Returns the prompt as the target's
+    processor tokenized it.
     """
     images = turn.conversation.load_images()
     prompt = process(target.processor, turn.answer.prompt, images)
     model = target.model
     cache = DynamicCache(config=model.config)
     vision = {k: to_model(v, model) for k, v in prompt.vision.items()}
-    for ids, pixels in ((prompt.ids, vision), (list(turn.answer.answer_ids), {})):
+    answer = list(turn.answer.answer_ids)
+    family = family_of(model)
+    positions, offset = family.prompt_positions(model, prompt.ids, vision, model.device)
+    after = family.positions(offset).chain(len(prompt.ids), len(answer), model.device)
+    for ids, pixels, at in ((prompt.ids, vision, positions), (answer, {}, after)):
         if ids:
-            on_forward(model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
-                             use_cache=True, logits_to_keep=1, **pixels, **kwargs))
+            on_forward(model(input_ids=torch.tensor([ids], device=model.device), position_ids=at,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1, **pixels, **kwargs))
     return prompt
 
 

@@ -1,0 +1,99 @@
+"""What differs between the model families mmspec runs: one adapter per family.
+
+- :class:`LlavaFamily`: LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision (and any other image-text-to-text
+  class with 1-D positions). Each image is one ``<image>`` placeholder in the prompt text, which the
+  processor expands into the image's tokens; the language model reads 1-D positions.
+- :class:`QwenVLFamily`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL. Each image is
+  ``<|vision_start|><|image_pad|><|vision_end|>`` in the prompt text, the processor repeats
+  ``<|image_pad|>`` once per merged patch (the count follows the image's size), and the language model
+  reads 3-D M-RoPE positions (:class:`~mmspec_cli.models.positions.MRopePositions`) whose offset δ after
+  the images comes from transformers' own ``get_rope_index`` over the prompt: computed again for every
+  prompt fed with its images, never taken from what the model object kept from an earlier call.
+
+A family answers: the position ids of a prompt and the offset of what follows it
+(:meth:`prompt_positions`), the position function after a prompt (:meth:`positions`), the token ids
+one image is in the unexpanded prompt text (:meth:`image_placeholder_ids`: what a text-only or
+caption view replaces), whether mmspec's batched draft rows can embed its images
+(``batched_image_rows``), and whether its decoder takes a custom 4-D mask for token trees
+(``tree_decoders``). :func:`family_of` picks the adapter from the model's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from mmspec_cli.models.positions import TEXT_POSITIONS, MRopePositions, Positions
+
+
+class LlavaFamily:
+    """LLaVA-1.5 / NeXT / OneVision: ``<image>`` placeholders, 1-D positions."""
+
+    name = "llava"
+    #: text decoders (``get_text_config().model_type``) that take a prepared 4-D additive mask
+    tree_decoders: tuple[str, ...] = ("llama", "mistral", "qwen2")
+    #: whether ``drafters/rows.py`` can embed this family's images in a batched row (LLaVA-1.5 drafts)
+    batched_image_rows = True
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def positions(self, offset: int = 0) -> Positions:
+        """The positions of tokens fed after a prompt whose rope offset is ``offset`` (always 0 here)."""
+        return TEXT_POSITIONS
+
+    def prompt_positions(self, model: Any, ids: Sequence[int], vision: Mapping[str, torch.Tensor],
+                         device: Any) -> tuple[torch.Tensor, int]:
+        """Position ids of a whole prompt fed with its images, and the offset of the tokens after it."""
+        return TEXT_POSITIONS.chain(0, len(ids), device), 0
+
+    def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
+        """The token ids one image is in the prompt text before the processor expands it."""
+        return (image_token_id,)
+
+
+class QwenVLFamily(LlavaFamily):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: vision start/pad/end markers, M-RoPE positions."""
+
+    name = "qwen-vl"
+    tree_decoders = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text")
+    batched_image_rows = False
+
+    def positions(self, offset: int = 0) -> Positions:
+        return MRopePositions(offset)
+
+    def prompt_positions(self, model: Any, ids: Sequence[int], vision: Mapping[str, torch.Tensor],
+                         device: Any) -> tuple[torch.Tensor, int]:
+        """``get_rope_index`` over the prompt (Qwen2-VL §2.1): (3, 1, L) positions and δ = max + 1 − L."""
+        grid = vision.get("image_grid_thw")
+        if grid is None:  # no image: plain positions on the three axes
+            return MRopePositions(0).chain(0, len(ids), device), 0
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        types = vision.get("mm_token_type_ids")  # the processor's, for the whole prompt: ``ids`` may stop short of
+        if types is None:  # its last token (a tree drafter feeds that one as its root); else where the image token is
+            types = (input_ids == self.config.image_token_id).int()
+        types = types[..., :len(ids)]
+        positions, deltas = model.model.get_rope_index(input_ids=input_ids, mm_token_type_ids=types.to(device),
+                                                       image_grid_thw=grid.to(device))
+        return positions, int(deltas.reshape(-1)[0])
+
+    def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
+        return (self.config.vision_start_token_id, image_token_id, self.config.vision_end_token_id)
+
+
+#: ``config.model_type`` of the Qwen-VL classes mmspec runs
+QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+
+
+def family_of(model_or_config: Any) -> LlavaFamily:
+    """The adapter of a model (or its config)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if getattr(config, "model_type", None) in QWEN_VL_TYPES:
+        return QwenVLFamily(config)
+    return LlavaFamily(config)
+
+
+def is_qwen_vl(model_or_config: Any) -> bool:
+    return isinstance(family_of(model_or_config), QwenVLFamily)

@@ -1,0 +1,260 @@
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL targets with a draft of the same family (same tokenizer).
+
+The tiny families (``tests/tiny_qwen.py``) load through ``load_model`` like a hub id: the processor is
+built from the image processor and the tokenizer (no torchvision here), every image is seen at its
+native resolution (its vision token count follows its size), and the language model reads M-RoPE
+positions whose offset after the images comes from the prompt. Greedy speculative decoding must
+reproduce the target's own ``generate(do_sample=False)`` token for token, and the tests that break the
+offset on purpose show that the position handling is what makes it so.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.utils import is_torchvision_available
+
+from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models import families
+from mmspec_cli.models.loading import check_compatible
+from mmspec_cli.models.prompts import process, render_prompt, text_only_ids
+from mmspec_cli.models.positions import MRopePositions
+from tests import tiny_qwen
+from tests.conftest import load
+from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
+from tests.helpers import FOLLOW_UP, QUESTION, speculative_decoder
+from tests.test_heads import random_head
+
+MAX_NEW = 16
+FAMILIES = list(tiny_qwen.FAMILIES)
+DYNAMIC = dict(tree="dynamic", tree_budget=10, tree_depth=3, tree_topk=2)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """Per family: the target and a perturbed copy as the draft, saved and loaded back through ``load_model``."""
+    root = tmp_path_factory.mktemp("qwen")
+    tokenizer = tiny_qwen.train_tokenizer()
+    out = {}
+    for family in FAMILIES:
+        processor = tiny_qwen.make_processor(family, tokenizer)
+        target = tiny_qwen.make_model(family, len(tokenizer), seed=0)
+        draft = tiny_qwen.perturbed_copy(target, 0.3, seed=1)
+        out[family] = {"target": load(tiny_qwen.save(target, processor, root / family), "target"),
+                       "draft": load(tiny_qwen.save(draft, processor, root / f"{family}_draft"), "draft")}
+    return out
+
+
+def reference(target, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
+    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
+    text = render_prompt(target.processor, questions, answers, len(images))
+    inputs = target.processor(images=list(images) or None, text=text, return_tensors="pt")
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(qwen):
+    return {(family, n): reference(qwen[family]["target"], [QUESTION], [], tiny_qwen.images(n))
+            for family in FAMILIES for n in (0, 1, 2)}
+
+
+def first_turn(target, drafter, draft, images, gamma=4, **options):
+    decoder = speculative_decoder(target, drafter, draft, gamma=gamma, max_new_tokens=MAX_NEW, **options)
+    return decoder.generate(images, [QUESTION]).turns[0]
+
+
+# --------------------------------------------------------------------------- loading and prompts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_loads_through_from_pretrained(qwen, family):
+    target = qwen[family]["target"]
+    model_class, processor_class, _ = tiny_qwen.FAMILIES[family]
+    assert type(target.model).__name__ == model_class
+    assert type(target.processor).__name__ == processor_class
+    assert getattr(target.processor, "images_only", False) is not is_torchvision_available()
+    assert isinstance(families.family_of(target.model), families.QwenVLFamily)
+    assert target.image_placeholder_ids == (tiny_qwen.VISION_START_ID, tiny_qwen.IMAGE_ID, tiny_qwen.VISION_END_ID)
+    check_compatible(target, qwen[family]["draft"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_images_keep_their_native_resolution(qwen, family):
+    """Each image's vision token count follows its size; the prompt's rope offset is negative (an image's
+    tokens span fewer positions than there are tokens), so it is what every later position depends on."""
+    target = qwen[family]["target"]
+    text = render_prompt(target.processor, [QUESTION], [], 2)
+    prompt = process(target.processor, text, tiny_qwen.images(2))
+    grid = prompt.vision["image_grid_thw"]
+    counts = (grid.prod(dim=1) // 4).tolist()  # merged 2×2
+    assert counts[0] != counts[1] and prompt.ids.count(tiny_qwen.IMAGE_ID) == sum(counts)
+    _, offset = families.family_of(target.model).prompt_positions(target.model, prompt.ids, prompt.vision, "cpu")
+    assert offset < 0
+
+
+def test_text_only_view_turns_each_image_span_into_one_newline(qwen):
+    target = qwen["qwen2_vl"]["target"]
+    tokenizer = target.tokenizer
+    text = render_prompt(target.processor, [QUESTION], [], 2)
+    ids = text_only_ids(tokenizer, text, target.image_placeholder_ids, 2)
+    plain = tokenizer(text)["input_ids"]
+    assert len(ids) == len(plain) - 2 * 3 + 2
+    assert not {tiny_qwen.VISION_START_ID, tiny_qwen.IMAGE_ID, tiny_qwen.VISION_END_ID} & set(ids)
+
+
+def test_mrope_positions_follow_the_offset():
+    positions = MRopePositions(-8)
+    assert positions.chain(45, 3).tolist() == [[[37, 38, 39]]] * 3
+    tree = positions.tree(torch.tensor([[45], [40]]), torch.tensor([0, 1, 1]))
+    assert tree.shape == (3, 2, 3) and tree[2].tolist() == [[37, 38, 38], [32, 33, 33]]
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n_images", [0, 1, 2])
+@pytest.mark.parametrize("drafter,gamma", [("ar", 1), ("m", 1), ("m", 4), ("t", 1), ("t", 4), ("mt", 4), ("tabed", 1),
+                                           ("tabed", 4)])
+def test_greedy_equals_target_generate(qwen, refs, family, n_images, drafter, gamma):
+    models = qwen[family]
+    turn = first_turn(models["target"], drafter, models["draft"], tiny_qwen.images(n_images), gamma=gamma)
+    assert turn.token_ids == refs[family, n_images]
+    if drafter == "m" and gamma == 4 and n_images == 2:
+        assert 0.0 < turn.stats.acceptance_rate < 1.0  # accepted and rejected drafts both seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("case", ["m-width", "m-dynamic", "tabed-width", "mt-dynamic", "ssd", "ssd-width", "eagle",
+                                  "vispec-dynamic"])
+def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
+    """Token trees of both kinds put node i at the prefix + depth + δ on all three axes (batched rows: each row's
+    own δ); ssd drafts in the target's own state (its offset included); a head reads the target's features over
+    M-RoPE prompts."""
+    models = qwen[family]
+    target = models["target"]
+    options = {"m-width": dict(tree_width=3), "m-dynamic": DYNAMIC, "tabed-width": dict(tree_width=2),
+               "mt-dynamic": DYNAMIC, "ssd": {}, "ssd-width": dict(tree_width=2), "eagle": {},
+               "vispec-dynamic": DYNAMIC}[case]
+    name = case.split("-")[0]
+    if name in ("eagle", "vispec"):
+        drafter = HeadDrafter(target, random_head(target, name))
+    else:
+        drafter = build_drafter(name, target, models["draft"], ssd_layer=1)
+    assert first_turn(target, drafter, None, tiny_qwen.images(2), **options).token_ids == refs[family, 2]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_turns_equal_generate(qwen, family):
+    models = qwen[family]
+    target = models["target"]
+    decoder = speculative_decoder(target, "m", models["draft"], gamma=4, max_new_tokens=MAX_NEW)
+    first, second = decoder.generate(tiny_qwen.images(2), [QUESTION, FOLLOW_UP]).turns
+    assert first.token_ids == reference(target, [QUESTION], [], tiny_qwen.images(2))
+    assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], tiny_qwen.images(2))
+
+
+def test_sampling_keeps_the_target_distribution(qwen):
+    """m over Qwen2.5-VL with two images of different sizes, γ = 2: the first two sampled tokens of ENGINE_RUNS
+    seeded runs against the target's exact distribution from its own uncached forwards."""
+    models = qwen["qwen2_5_vl"]
+    target, images = models["target"], tiny_qwen.images(2)
+    joint = exact_joint(target, params=PARAMS, images=images)
+    decoder = SpeculativeDecoder(target, build_drafter("m", target, models["draft"]), gamma=2, max_new_tokens=3,
+                                 sampling=PARAMS)
+    counts, _ = sampled_pairs(decoder, ENGINE_RUNS, images=images)
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
+
+
+# --------------------------------------------------------------------------- the offset is what makes it right
+
+
+def uncached_logits(target, ids, vision) -> torch.Tensor:
+    """The model's own logits for every position of ``ids`` (a prompt and what follows it), in one forward
+    from position 0 with the prompt's images: positions as the model itself computes them."""
+    types = vision.get("mm_token_type_ids")
+    extra = {} if types is None else {"mm_token_type_ids": torch.nn.functional.pad(types, (0, len(ids) - types.shape[1]))}
+    with torch.no_grad():
+        return target.model(input_ids=torch.tensor([ids]), **{**vision, **extra}).logits[0]
+
+
+def later_logits(runner, target, images, after=(17, 30, 9)) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cached, uncached) logits of three tokens fed after a prompt with ``images``, through ``runner``."""
+    prompt = process(target.processor, render_prompt(target.processor, [QUESTION], [], len(images)), images)
+    runner.logits(prompt.ids, vision=prompt.vision, prompt_len=len(prompt.ids))
+    ids = prompt.ids + list(after)
+    cached = runner.logits(ids, keep=len(after), vision=prompt.vision, prompt_len=len(prompt.ids))
+    return cached, uncached_logits(target, ids, prompt.vision)[-len(after):]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_later_positions_read_the_prompts_offset(qwen, monkeypatch, family):
+    """Tokens fed after an image prompt get the model's own logits; with δ dropped they don't."""
+    from mmspec_cli.decoding.kv import CachedModel
+
+    target = qwen[family]["target"]
+    cached, own = later_logits(CachedModel(target.model, "target", target.image_token_id), target, tiny_qwen.images(2))
+    assert torch.allclose(cached, own, atol=1e-9)
+    monkeypatch.setattr(families.QwenVLFamily, "positions", lambda self, offset=0: MRopePositions(0))
+    cached, own = later_logits(CachedModel(target.model, "target", target.image_token_id), target, tiny_qwen.images(2))
+    assert not torch.allclose(cached, own, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_stale_offset_from_an_earlier_request_is_never_used(qwen, monkeypatch, family):
+    """One runner, an image request, then a text-only one: the model's own logits; wrong when the first
+    request's offset is kept (as the model object's own ``rope_deltas`` would be)."""
+    from mmspec_cli.decoding.kv import CachedModel
+
+    target = qwen[family]["target"]
+    runner = CachedModel(target.model, "target", target.image_token_id)
+    later_logits(runner, target, tiny_qwen.images(2))
+    cached, own = later_logits(runner, target, [])
+    assert torch.allclose(cached, own, atol=1e-9)
+
+    kept: list[int] = []
+    real = families.QwenVLFamily.positions
+
+    def stale(self, offset=0):
+        if offset:
+            kept[:] = [offset]
+        return real(self, kept[0] if kept else offset)
+
+    monkeypatch.setattr(families.QwenVLFamily, "positions", stale)
+    runner = CachedModel(target.model, "target", target.image_token_id)
+    later_logits(runner, target, tiny_qwen.images(2))
+    cached, own = later_logits(runner, target, [])
+    assert not torch.allclose(cached, own, atol=1e-3)
+
+
+def test_dropping_the_offset_changes_the_output(qwen, refs, monkeypatch):
+    """End to end on Qwen3-VL (whose tiny output depends on it visibly): without δ, not the target's tokens."""
+    monkeypatch.setattr(families.QwenVLFamily, "positions", lambda self, offset=0: MRopePositions(0))
+    assert first_turn(qwen["qwen3_vl"]["target"], "ar", None, tiny_qwen.images(2)).token_ids != refs["qwen3_vl", 2]
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_a_qwen_target_with_a_llava_draft_is_refused(qwen, tiny_models):
+    with pytest.raises(ModelLoadError, match="target's image placeholder token id"):
+        check_compatible(qwen["qwen2_vl"]["target"], tiny_models["target"])
+
+
+def test_pooled_rows_are_refused_for_a_qwen_draft(qwen):
+    models = qwen["qwen2_vl"]
+    with pytest.raises(ModelLoadError, match=r"pooled drafting \(p\) is not built for Qwen-VL drafts yet"):
+        build_drafter("mp", models["target"], models["draft"])
+
+
+def test_a_video_file_is_refused(tmp_path):
+    from mmspec_cli.models.images import load_image
+
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    with pytest.raises(InputError, match="video input is not supported yet"):
+        load_image(video)
