@@ -24,7 +24,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_demo_suites import fmt, machine, mmspec  # noqa: E402
-from tests import tiny_qwen  # noqa: E402
+from tests import tiny, tiny_qwen  # noqa: E402
 
 DRAFTERS = "ar,m,t,tabed,eagle,hf-assisted"
 QUESTIONS = ["what is in the image?", "describe the picture in detail", "how many shapes are there?",
@@ -36,7 +36,7 @@ def build(root: Path, family: str) -> Path:
     tokenizer = tiny_qwen.train_tokenizer()
     processor = tiny_qwen.make_processor(family, tokenizer)
     target = tiny_qwen.make_model(family, len(tokenizer), seed=0, hidden=64, layers=4)
-    draft = tiny_qwen.perturbed_copy(target, 0.3, seed=1)
+    draft = tiny.perturbed_copy(target, 0.3, seed=1)
     spec = {"dtype": "float32", "device": "cpu"}
     profile = {"target": {"model": tiny_qwen.save(target, processor, root / "target"), **spec},
                "draft": {"model": tiny_qwen.save(draft, processor, root / "draft"), **spec},

@@ -22,7 +22,7 @@ from mmspec_cli.models import families
 from mmspec_cli.models.loading import check_compatible
 from mmspec_cli.models.prompts import process, render_prompt, text_only_ids
 from mmspec_cli.models.positions import MRopePositions
-from tests import tiny_qwen
+from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
 from tests.helpers import FOLLOW_UP, QUESTION, speculative_decoder
@@ -42,7 +42,7 @@ def qwen(tmp_path_factory):
     for family in FAMILIES:
         processor = tiny_qwen.make_processor(family, tokenizer)
         target = tiny_qwen.make_model(family, len(tokenizer), seed=0)
-        draft = tiny_qwen.perturbed_copy(target, 0.3, seed=1)
+        draft = tiny.perturbed_copy(target, 0.3, seed=1)
         out[family] = {"target": load(tiny_qwen.save(target, processor, root / family), "target"),
                        "draft": load(tiny_qwen.save(draft, processor, root / f"{family}_draft"), "draft")}
     return out

@@ -54,9 +54,9 @@ def make_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sh
 
 
 def perturbed_copy(model, scale: float, seed: int):
-    """A copy of ``model`` with Gaussian noise (relative ``scale``) on every weight."""
+    """A copy of ``model`` (any tiny family) with Gaussian noise (relative ``scale``) on every weight."""
     torch.manual_seed(seed)
-    copy = LlavaForConditionalGeneration(model.config).to(torch.float64)
+    copy = type(model)(model.config).to(torch.float64)
     copy.load_state_dict(model.state_dict())
     with torch.no_grad():
         for p in copy.parameters():

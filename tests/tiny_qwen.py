@@ -108,18 +108,6 @@ def make_model(family: str, vocab_size: int, seed: int, hidden: int = 32, layers
     return model
 
 
-def perturbed_copy(model, scale: float, seed: int):
-    """A copy of ``model`` with Gaussian noise (relative ``scale``) on every weight: a draft that agrees often."""
-    torch.manual_seed(seed)
-    copy = type(model)(model.config).to(torch.float64).eval()
-    copy.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        for p in copy.parameters():
-            p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
-    copy.generation_config = model.generation_config
-    return copy
-
-
 def save(model, processor, path: Path) -> str:
     """``save_pretrained`` of the model, tokenizer and image processor, and the processor's own config
     (its class and chat template): what a hub repository holds, less the video processor's file."""

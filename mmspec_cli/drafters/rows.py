@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec_cli.decoding.compiled import CompiledStep, compiled_forward, static_pool
-from mmspec_cli.decoding.kv import common_prefix_length, same_tensors
+from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
@@ -126,7 +126,7 @@ def _images(row: Row) -> dict[str, torch.Tensor]:
 def check_row_images(model, pooled: bool) -> None:
     """Refuse, in one line, a draft whose images batched rows can't feed: pooled rows need a LLaVA-1.5-style
     draft (they pool its patch grid before the projector); multimodal rows need that or a Qwen-VL draft."""
-    if family_of(model).name != "qwen-vl":
+    if not family_of(model).model_embeds_row_images:
         llava_parts(model)
     elif pooled:
         raise ModelLoadError(f"pooled drafting (p) is not built for Qwen-VL drafts yet ({type(model).__name__}: it "
@@ -211,11 +211,13 @@ class BatchedRows:
         mask = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # (B, L)
         for b, r in enumerate(rows):
             mask[b, length - len(r.ids):] = 1
-        if self.family.name == "qwen-vl":
-            inputs, positions = self._model_inputs(rows, length)
+        positions, offsets = self.family.batch_positions(self.model, [(r.ids, _images(r)) for r in rows], length,
+                                                         self.model.device)  # each row counts its own tokens from 0
+        self.positions = self.family.positions(offsets)
+        if self.family.model_embeds_row_images:
+            inputs = self._model_inputs(rows, length)
         else:
             inputs = {"inputs_embeds": self._embeddings(rows, length)}
-            positions = (mask.cumsum(1) - 1).clamp_min(0)  # (B, L): each row counts its own tokens from 0
         if self.kv == "dynamic":
             self.state.reset()
         else:
@@ -235,27 +237,18 @@ class BatchedRows:
         batch = torch.zeros(len(rows), length, embeds[0].shape[-1], dtype=embeds[0].dtype, device=self.model.device)
         for b, e in enumerate(embeds):
             batch[b, length - e.shape[0]:] = e
-        self.positions = self.family.positions()
         return batch
 
-    def _model_inputs(self, rows: Sequence[Row], length: int) -> tuple[dict, torch.Tensor]:
-        """Left-padded ids with the image rows' tensors, for the model's own forward to embed; each row's prompt
-        positions (3, B, L) and rope offset, from its family."""
-        device = self.model.device
-        ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)  # padding: masked, never an image id
-        positions = torch.zeros(3, len(rows), length, dtype=torch.long, device=device)
-        offsets = torch.zeros(len(rows), 1, dtype=torch.long)
+    def _model_inputs(self, rows: Sequence[Row], length: int) -> dict[str, torch.Tensor]:
+        """Left-padded ids (B, L) with the image rows' tensors concatenated, for the model's own forward to embed."""
+        ids = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # padding: masked
         images: dict[str, list[torch.Tensor]] = {}
         for b, r in enumerate(rows):
             ids[b, length - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
-            row_positions, offsets[b, 0] = self.family.prompt_positions(self.model, r.ids, _images(r), device)
-            positions[:, b, length - len(r.ids):] = row_positions[:, 0]
             for key in ("pixel_values", "image_grid_thw"):
                 if key in _images(r):
                     images.setdefault(key, []).append(r.vision[key])
-        self.positions = self.family.positions(offsets)
-        vision = {k: _to_model(torch.cat(v), self.model) for k, v in images.items()}
-        return {"input_ids": ids, **vision}, positions
+        return {"input_ids": ids, **{k: to_model(torch.cat(v), self.model) for k, v in images.items()}}
 
     def _forward(self, fresh: int, positions: torch.Tensor | None = None, **inputs) -> torch.Tensor:
         """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V).
@@ -350,7 +343,3 @@ class BatchedRows:
         if self.tree is not None:
             self.tree.drop(self.state)
             self.tree = None
-
-
-def _to_model(value: torch.Tensor, model) -> torch.Tensor:
-    return value.to(model.device, model.dtype) if value.is_floating_point() else value.to(model.device)

@@ -13,9 +13,10 @@
 A family answers: the position ids of a prompt and the offset of what follows it
 (:meth:`prompt_positions`), the position function after a prompt (:meth:`positions`), the token ids
 one image is in the unexpanded prompt text (:meth:`image_placeholder_ids`: what a text-only or
-caption view replaces), whether mmspec's batched draft rows can embed its images
-(``batched_image_rows``), and whether its decoder takes a custom 4-D mask for token trees
-(``tree_decoders``). :func:`family_of` picks the adapter from the model's config.
+caption view replaces), the positions of a batch of left-padded prompts (:meth:`batch_positions`),
+whether batched draft rows hand the model its images to embed itself (``model_embeds_row_images``), and
+whether its decoder takes a custom 4-D mask for token trees (``tree_decoders``). :func:`family_of` picks
+the adapter from the model's config.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class LlavaFamily:
     name = "llava"
     #: text decoders (``get_text_config().model_type``) that take a prepared 4-D additive mask
     tree_decoders: tuple[str, ...] = ("llama", "mistral", "qwen2")
-    #: whether ``drafters/rows.py`` can embed this family's images in a batched row (LLaVA-1.5 drafts)
-    batched_image_rows = True
+    #: whether batched draft rows (``drafters/rows.py``) give the model ids and its processor tensors, for its own
+    #: forward to embed the images; False: mmspec embeds them (LLaVA-1.5 drafts, whose patch grid pooled rows pool)
+    model_embeds_row_images = False
 
     def __init__(self, config: Any):
         self.config = config
@@ -53,13 +55,26 @@ class LlavaFamily:
         """The token ids one image is in the prompt text before the processor expands it."""
         return (image_token_id,)
 
+    def batch_positions(self, model: Any, prompts: Sequence[tuple[Sequence[int], Mapping[str, torch.Tensor]]],
+                        width: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids of prompts (ids, image tensors) left-padded to ``width``: (B, width), or (3, B, width) for
+        M-RoPE; each row's own :meth:`prompt_positions`, padding at 0. And each row's rope offset (B, 1)."""
+        rows, offsets = [], torch.zeros(len(prompts), 1, dtype=torch.long)
+        for row, (ids, vision) in enumerate(prompts):
+            own, offsets[row, 0] = self.prompt_positions(model, ids, vision, device)  # (..., 1, L)
+            rows.append(own)
+        positions = torch.zeros(*rows[0].shape[:-2], len(prompts), width, dtype=torch.long, device=device)
+        for row, own in enumerate(rows):
+            positions[..., row, width - own.shape[-1]:] = own[..., 0, :]
+        return positions, offsets
+
 
 class QwenVLFamily(LlavaFamily):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL: vision start/pad/end markers, M-RoPE positions."""
 
     name = "qwen-vl"
     tree_decoders = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text")
-    batched_image_rows = False
+    model_embeds_row_images = True
 
     def positions(self, offset: int = 0) -> Positions:
         return MRopePositions(offset)
@@ -93,7 +108,3 @@ def family_of(model_or_config: Any) -> LlavaFamily:
     if getattr(config, "model_type", None) in QWEN_VL_TYPES:
         return QwenVLFamily(config)
     return LlavaFamily(config)
-
-
-def is_qwen_vl(model_or_config: Any) -> bool:
-    return isinstance(family_of(model_or_config), QwenVLFamily)

@@ -170,20 +170,6 @@ def _batch_seed(seed: int, turn: int, batch: int) -> int:
     return ((seed * 1_000_003 + turn) * 1_000_003 + batch) % (2**63 - 1)
 
 
-def prompt_positions(model, prompts: Sequence[ModelPrompt], mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of left-padded prompts: each row counts its own tokens from 0 (LLaVA), or each row's
-    M-RoPE positions from its family (Qwen-VL: ``get_rope_index`` per row), padding at 0."""
-    family = family_of(model)
-    if family.name != "qwen-vl":
-        return (mask.cumsum(-1) - 1).clamp(min=0)
-    width = mask.shape[1]
-    positions = torch.zeros(3, len(prompts), width, dtype=torch.long, device=mask.device)
-    for row, prompt in enumerate(prompts):
-        own, _ = family.prompt_positions(model, prompt.ids, prompt.vision, mask.device)  # (3, 1, L)
-        positions[:, row, width - len(prompt.ids):] = own[:, 0]
-    return positions
-
-
 @torch.inference_mode()
 def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperature: float, max_new_tokens: int,
                  generator: torch.Generator) -> list[list[int]]:
@@ -205,7 +191,8 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
         if vision[key].is_floating_point():
             vision[key] = vision[key].to(model.dtype)
     ids, mask = ids.to(device), mask.to(device)
-    positions = prompt_positions(model, prompts, mask)  # (B, L), or (3, B, L) for M-RoPE
+    positions, _ = family_of(model).batch_positions(model, [(p.ids, p.vision) for p in prompts], width,
+                                                    device)  # (B, L), or (3, B, L) for M-RoPE
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                    use_cache=True, logits_to_keep=1, **vision).logits[:, -1]
