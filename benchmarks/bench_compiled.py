@@ -81,61 +81,74 @@ def pictures(sample) -> list:
     return [p if hasattr(p, "convert") else load_image(p) for p in sample.images]
 
 
-def hf_generate(target, sample) -> tuple[list[int], float]:
+def hf_generate(target, sample, max_new_tokens: int = 160) -> tuple[list[int], float]:
     from mmspec_cli.models.prompts import render_prompt
 
     images = pictures(sample)
     text = render_prompt(target.processor, [sample.turns[0]], [], len(images))
-    inputs = target.processor(images=images or None, text=text, return_tensors="pt")
+    inputs = target.processor(images=images or None, text=text, return_tensors="pt").to(target.model.device)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(target.model.dtype)
+    synchronize(target.model.device)
     start = time.perf_counter()
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=160)
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    synchronize(target.model.device)
     seconds = time.perf_counter() - start
     return out[0, inputs["input_ids"].shape[1]:].tolist(), seconds
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work before a host clock is read (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Timing:
     """Who holds the target's static state while :func:`step_times` times it."""
 
 
-def step_times(models, rounds: int = 7) -> dict[str, dict[int, float]]:
-    """The target's step of 1 and γ + 1 tokens after SEQ cached ones, eager and compiled, median of ``rounds``
-    interleaved medians of 20 (ms)."""
+def step_times(models, rounds: int = 7, seq: int = SEQ, gamma: int = GAMMA) -> dict[str, dict[int, float]]:
+    """The target's step of 1 and γ + 1 tokens after ``seq`` cached ones, eager and compiled, median of ``rounds``
+    interleaved medians of 20 (ms); on a GPU each step is waited for before the clock is read."""
     from mmspec_cli.decoding.compiled import compiled_forward, static_pool
     from mmspec_cli.decoding.kv_state import DynamicKV
     from mmspec_cli.models.positions import TEXT_POSITIONS
 
     model = models.target.model
+    device = model.device
     vocab = model.get_output_embeddings().weight.shape[0]
-    prefix = torch.randint(5, vocab, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    prefix = torch.randint(5, vocab, (1, seq), generator=torch.Generator().manual_seed(0)).to(device)
     compiled = compiled_forward(model, "target")
     owner = Timing()  # the static state's owner while this times it
-    static, _ = static_pool(model).claim(owner, SEQ + 64)
+    static, _ = static_pool(model).claim(owner, seq + 64)
     static.reset()
     dynamic = DynamicKV(config=model.config)
     with torch.inference_mode():
         for state in (static, dynamic):
             model(input_ids=prefix, past_key_values=state.cache, use_cache=True,
-                  position_ids=TEXT_POSITIONS.chain(0, SEQ))
-            state.wrote(SEQ)
+                  position_ids=TEXT_POSITIONS.chain(0, seq).to(device))
+            state.wrote(seq)
 
         def eager(n):
-            ids = torch.full((1, n), 7)
+            ids = torch.full((1, n), 7, device=device)
             model(input_ids=ids, past_key_values=dynamic.cache, use_cache=True,
-                  position_ids=TEXT_POSITIONS.chain(SEQ, n), logits_to_keep=n)
+                  position_ids=TEXT_POSITIONS.chain(seq, n).to(device), logits_to_keep=n)
             dynamic.wrote(n)
 
         def fast(n):
-            compiled(static, torch.full((1, n), 7), TEXT_POSITIONS.chain(SEQ, n), None)
+            compiled(static, torch.full((1, n), 7, device=device), TEXT_POSITIONS.chain(seq, n).to(device), None)
 
-        found = {"eager": {1: [], GAMMA + 1: []}, "compiled": {1: [], GAMMA + 1: []}}
+        found = {"eager": {1: [], gamma + 1: []}, "compiled": {1: [], gamma + 1: []}}
         for _ in range(rounds):
             for mode, step, state in (("eager", eager, dynamic), ("compiled", fast, static)):
                 for n in found[mode]:
                     times = []
                     for _ in range(25):
-                        state.rollback(SEQ)
+                        state.rollback(seq)
+                        synchronize(device)
                         start = time.perf_counter()
                         step(n)
+                        synchronize(device)
                         times.append(time.perf_counter() - start)
                     found[mode][n].append(statistics.median(times[5:]) * 1000)
     return {mode: {n: statistics.median(v) for n, v in sizes.items()} for mode, sizes in found.items()}

@@ -57,7 +57,8 @@ def mmspec(*args: str) -> str:
 def machine() -> str:
     import torch
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+    gpu = f"{torch.cuda.get_device_name(0)}, " if torch.cuda.is_available() else ""
+    return (f"{gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
 
 

@@ -261,6 +261,23 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(tiny_mode
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
 
+@pytest.mark.parametrize("drafter", ["m", "eagle"])
+def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(tiny_models, drafter):
+    """CUDA graphs replay only over buffers dynamo was told never move (``mark_static_address``). A static layer
+    tells it when it allocates its buffers, unless that happens while dynamo traces: a head's first pair written
+    by its compiled step made CUDA graphs skip every head step on an H100 ("mutated inputs"). The first write of
+    a state runs eager, so every layer of every state is marked (on a CPU too, where this is checked)."""
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    chosen = HeadDrafter(target, random_head(target, "eagle")) if drafter == "eagle" else drafter
+    decoder = speculative_decoder(target, chosen, draft, gamma=3, max_new_tokens=6, kv="compiled")
+    decoder.generate(tiny.images(1), [QUESTION])
+    for owner, cache in caches(decoder).items():
+        for layer in cache.layers:
+            assert layer.is_initialized, owner
+            assert getattr(layer.keys, "_dynamo_static_input_type", None) is not None, owner
+            assert getattr(layer.cumulative_length, "_dynamo_static_input_type", None) is not None, owner
+
+
 def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(tiny_models, joint, monkeypatch):
     """``t``, γ = 2, compiled: the first two tokens of ENGINE_RUNS seeded runs against the target's exact joint.
     Accepting every draft token (a wrong rule) on the same path must fail the same test."""

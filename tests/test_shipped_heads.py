@@ -46,7 +46,7 @@ def test_the_demo_profile_names_both_heads_small_and_in_half_precision(demo):
 
 def reference(target, sample, images, max_new_tokens):
     text = render_prompt(target.processor, list(sample.turns[:1]), [], len(images), sample.history)
-    inputs = target.processor(images=images or None, text=text, return_tensors="pt")
+    inputs = target.processor(images=images or None, text=text, return_tensors="pt").to(target.model.device)
     out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 

@@ -165,6 +165,7 @@ class CompiledStep:
     def __init__(self, fn: Callable, role: str, device: torch.device):
         self.role = role
         self.failed: str | None = None
+        self._eager = fn
         self._seen: set[tuple] = set()
         # dynamo counts graphs per code object: one per size, chain or tree, and state, for every model using it
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -193,6 +194,13 @@ class CompiledStep:
         inputs, positions = inputs.contiguous(), positions.contiguous()
         mask = None if mask is None else mask.contiguous()
         shape = (size, mask is not None, state.capacity, inputs.shape[0])  # a grown state is a new graph
+        if not all(layer.is_initialized for layer in state.cache.layers):
+            # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
+            # traces: buffers first written inside a graph would make CUDA graphs skip every step ("mutated inputs").
+            # So a state's first write (a head's first pair, say) runs eager, the same function.
+            outputs = self._eager(inputs, positions, mask, state.cache)
+            state.wrote(size, kept=n)
+            return tuple(out[:, :n] for out in outputs)
         start = time.perf_counter()
         try:
             outputs = self._compiled(inputs, positions, mask, state.cache)

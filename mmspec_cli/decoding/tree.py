@@ -197,7 +197,7 @@ def top_children(log_q: torch.Tensor, scores: torch.Tensor, k: int) -> tuple[lis
     likeliest first): the row of the parent, the token and the score.
     """
     top = torch.topk(log_q.to(torch.float64), min(k, log_q.shape[-1]), dim=-1)  # (n, k)
-    cumulative = scores.to(torch.float64)[:, None] + top.values  # (n, k)
+    cumulative = scores.to(top.values.device, torch.float64)[:, None] + top.values  # (n, k); scores may be on the CPU
     rows = torch.arange(log_q.shape[0])[:, None].expand_as(cumulative)
     return rows.flatten().tolist(), top.indices.flatten().tolist(), cumulative.flatten().tolist()
 
