@@ -136,9 +136,11 @@ def check_compilable(models: ModelSet) -> None:
 
 
 def recorded_by_ar(models: ModelSet, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
-                   history: Sequence[tuple[str, str]] = ()) -> list[list[int]]:
+                   history: Sequence[tuple[str, str]] = (),
+                   turn_images: dict[int, Sequence[Any]] | None = None) -> list[list[int]]:
     """What ``oracle`` replays: the token ids of each turn of a first ``ar`` run of these inputs."""
-    generation = models.decoder("ar").generate(images, questions, raw_prompt, history=history)
+    generation = models.decoder("ar").generate(images, questions, raw_prompt, history=history,
+                                               turn_images=turn_images)
     return [turn.token_ids for turn in generation.turns]
 
 

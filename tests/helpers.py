@@ -11,6 +11,7 @@ import yaml
 
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.drafters import build_drafter
+from mmspec_cli.models.prompts import render_prompt
 from tests import tiny
 
 QUESTION = "what is in the image?"
@@ -79,3 +80,26 @@ def assert_one_line_error(result, fragment: str, code: int = 2, stdout_allowed: 
     assert result.stderr.endswith(line + "\n")
     assert "Traceback" not in result.stderr and "╭" not in result.stderr
     return line
+
+
+def own_generate(target, questions: Sequence[str], answers: Sequence[str], counts: Sequence[int], images: Sequence,
+                 max_new_tokens: int = MAX_NEW) -> list[int]:
+    """The target's own greedy ``generate`` on the prompt mmspec builds for the turn after ``answers``, its user
+    turns showing ``counts`` of ``images`` (in order)."""
+    text = render_prompt(target.processor, questions, answers, list(counts))
+    inputs = target.processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
+    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def image_in_second_turn(target, drafter, draft, opening: Sequence, brought: Sequence, max_new_tokens: int = MAX_NEW,
+                         **options) -> tuple[list[list[int]], list[list[int]]]:
+    """Two turns, the second bringing ``brought`` after ``opening``: mmspec's token ids of each turn, and the
+    target's own ``generate`` of each turn's prompt."""
+    decoder = speculative_decoder(target, drafter, draft, gamma=options.pop("gamma", 4),
+                                  max_new_tokens=max_new_tokens, **options)
+    first, second = decoder.generate(list(opening), [QUESTION, FOLLOW_UP], turn_images={1: list(brought)}).turns
+    own = [own_generate(target, [QUESTION], [], [len(opening)], opening, max_new_tokens),
+           own_generate(target, [QUESTION, FOLLOW_UP], [first.text], [len(opening), len(brought)],
+                        list(opening) + list(brought), max_new_tokens)]
+    return [first.token_ids, second.token_ids], own

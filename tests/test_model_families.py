@@ -26,7 +26,7 @@ from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt
-from tests.helpers import FOLLOW_UP, QUESTION, decode
+from tests.helpers import FOLLOW_UP, QUESTION, decode, image_in_second_turn
 
 MAX_NEW = 16
 FAMILIES = {
@@ -157,6 +157,18 @@ def test_two_turns_equal_generate(families, family):
     first, second = decode(target, "mt", draft, max_new_tokens=MAX_NEW, questions=(QUESTION, FOLLOW_UP)).turns
     assert first.token_ids == reference(target, [QUESTION], [], tiny.images(1))
     assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], tiny.images(1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["m", "tabed"])
+def test_an_image_in_the_second_turn_keeps_the_targets_own_output(families, family, drafter):
+    """NeXT feeds only the new image's tiles after the cached turn; OneVision lays a set of images out as a whole
+    (``batch_num_images``), so its second turn encodes the prompt again: the same tokens either way."""
+    models = families[family]
+    images = [tiny.images(1)[0], Image.new("RGB", (24, 64), (200, 30, 60))]
+    mine, own = image_in_second_turn(models["target"], drafter, models["draft"], images[:1], images[1:],
+                                     max_new_tokens=MAX_NEW)
+    assert mine == own
 
 
 @pytest.mark.parametrize("family", FAMILIES)

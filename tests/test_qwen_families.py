@@ -15,6 +15,7 @@ import torch
 from transformers.utils import is_torchvision_available
 
 from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.errors import InputError, ModelLoadError
@@ -25,7 +26,7 @@ from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
-from tests.helpers import FOLLOW_UP, QUESTION, speculative_decoder
+from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, speculative_decoder
 from tests.test_heads import random_head
 
 MAX_NEW = 16
@@ -158,6 +159,30 @@ def test_two_turns_equal_generate(qwen, family):
     assert second.token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], tiny_qwen.images(2))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["ar", "m", "t", "tabed", "ssd", "eagle"])
+def test_an_image_in_the_second_turn_keeps_the_targets_own_output(qwen, family, drafter, monkeypatch):
+    """The new image's tokens take the positions the whole prompt's ``get_rope_index`` gives them, and the text
+    after it the new offset; only the new part is fed (the first turn's image stays cached)."""
+    models = qwen[family]
+    target = models["target"]
+    fed_after = []
+    original = CachedModel._images_after
+
+    def spy(self, *args):
+        found = original(self, *args)
+        fed_after.append(found is not None)
+        return found
+
+    monkeypatch.setattr(CachedModel, "_images_after", spy)
+    chosen = HeadDrafter(target, random_head(target, drafter)) if drafter == "eagle" else drafter
+    images = tiny_qwen.images(2)  # of different sizes
+    mine, own = image_in_second_turn(target, chosen, models["draft"], images[:1], images[1:],
+                                     build={"ssd_layer": 1} if drafter == "ssd" else None)
+    assert mine == own
+    assert any(fed_after)
+
+
 def test_sampling_keeps_the_target_distribution(qwen):
     """m over Qwen2.5-VL with two images of different sizes, γ = 2: the first two sampled tokens of ENGINE_RUNS
     seeded runs against the target's exact distribution from its own uncached forwards."""
@@ -229,6 +254,43 @@ def test_a_stale_offset_from_an_earlier_request_is_never_used(qwen, monkeypatch,
     later_logits(runner, target, tiny_qwen.images(2))
     cached, own = later_logits(runner, target, [])
     assert not torch.allclose(cached, own, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_later_turns_new_image_gets_the_whole_prompts_positions(qwen, monkeypatch, family):
+    """A runner holding turn 1 (an image, the question, an answer) is fed turn 2's new image and question only,
+    and gives the logits of one uncached forward over turn 2's prompt; with the new part at plain positions after
+    the held ones (what the new image does to the positions ignored), it does not."""
+    from mmspec_cli.decoding.kv import CachedModel
+
+    target = qwen[family]["target"]
+    processor, images, answer = target.processor, tiny_qwen.images(2), [17, 30, 9]
+    first = process(processor, render_prompt(processor, [QUESTION], [], [1]), images[:1])
+    second = process(processor, render_prompt(processor, [QUESTION, FOLLOW_UP], [target.tokenizer.decode(answer)],
+                                              [1, 1]), images)
+
+    def turn_two() -> tuple[torch.Tensor, torch.Tensor]:
+        runner = CachedModel(target.model, "target", target.image_token_id)
+        runner.logits(first.ids + answer, vision=first.vision, prompt_len=len(first.ids))
+        monkeypatch.setattr(CachedModel, "reset", lambda self: pytest.fail("turn 1 was fed again"))
+        cached = runner.logits(second.ids, keep=5, vision=second.vision, prompt_len=len(second.ids))
+        monkeypatch.undo()
+        return cached, uncached_logits(target, second.ids, second.vision)[-5:]
+
+    cached, own = turn_two()
+    assert torch.allclose(cached, own, atol=1e-9)
+    real = families.QwenVLFamily.prompt_positions
+
+    def plain_after_the_first(self, model, ids, vision, device):
+        positions, offset = real(self, model, ids[:len(first.ids)], vision, device)
+        if len(ids) == len(first.ids):
+            return positions, offset
+        return torch.cat([positions, MRopePositions(offset).chain(len(first.ids), len(ids) - len(first.ids),
+                                                                  device)], dim=-1), offset
+
+    monkeypatch.setattr(families.QwenVLFamily, "prompt_positions", plain_after_the_first)
+    cached, own = turn_two()
+    assert not torch.allclose(cached, own, atol=1e-7)  # float64: the right positions agree to 1e-9
 
 
 def test_dropping_the_offset_changes_the_output(qwen, refs, monkeypatch):

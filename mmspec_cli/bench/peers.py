@@ -11,7 +11,7 @@ Importing this module imports no torch (the CLI checks profiles with it before l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from mmspec_cli.choices import HF_ASSISTED
@@ -43,17 +43,18 @@ class HfAssistedPeer:
 
     def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                  on_event: Callable[[Event], None] | None = None, history: Sequence[tuple[str, str]] = (),
-                 max_new_tokens: int | None = None, seed: int | None = None) -> Generation:
-        return collect(self.stream(images, questions, raw_prompt, history, max_new_tokens, seed), self.name,
-                       self.members, on_event)
+                 max_new_tokens: int | None = None, seed: int | None = None,
+                 turn_images: Mapping[int, Sequence[Any]] | None = None) -> Generation:
+        return collect(self.stream(images, questions, raw_prompt, history, max_new_tokens, seed, turn_images),
+                       self.name, self.members, on_event)
 
     def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                history: Sequence[tuple[str, str]] = (), max_new_tokens: int | None = None,
-               seed: int | None = None) -> Iterator[Event]:
+               seed: int | None = None, turn_images: Mapping[int, Sequence[Any]] | None = None) -> Iterator[Event]:
         """Greedy, so ``seed`` changes nothing; each turn's prompt is rendered as the engine renders it."""
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         return conversation(self.target.processor, images, questions, raw_prompt, history,
-                            lambda turn, question, text: self._turn(question, text, images, limit))
+                            lambda turn, question, text, shown: self._turn(question, text, shown, limit), turn_images)
 
     def _turn(self, question: str, text: str, images: Sequence[Any], limit: int) -> Generator[Event, None, TurnResult]:
         from mmspec_cli.bench.hf_assisted import assisted_generate  # torch: only when a peer runs

@@ -32,7 +32,8 @@ from mmspec_cli.bench.report import counted
 from mmspec_cli.decoding.events import TurnFinished, TurnStarted
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.prompts import image_placeholder, process
-from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.decoding.conversation import images_shown
 from mmspec_cli.choices import ORACLE
 
 WARMUP_TOKENS = 8
@@ -182,9 +183,11 @@ class BenchRunner:
                 raise InputError("oracle replays ar's output of the sample, and ar has none (it failed)")
         decoder = self.decoder(drafter, recorded)
         if not self._paper(sample):
-            events = decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history)
-            yield from self._records(events, drafter, sample, images, decoder.members)
+            brought = load_turn_images(sample, n_turns)
+            events = decoder.stream(images, list(sample.turns[:n_turns]), history=sample.history, turn_images=brought)
+            yield from self._records(events, drafter, sample, images, decoder.members, brought=brought)
             return
+        sample.refuse_turn_images("--prompt-style paper (TABED's one-turn prompts; use --prompt-style default)")
         prompt, answer = None, ""
         base_seed = self.settings.seed
         for turn in range(n_turns):
@@ -215,11 +218,13 @@ class BenchRunner:
         return len(process(self.models.target.processor, text, images).ids)
 
     def _records(self, events, drafter: str, sample: Sample, images: list, members: Sequence[str],
-                 turn: int | None = None) -> Iterator[Record]:
+                 turn: int | None = None, brought: dict[int, list] | None = None) -> Iterator[Record]:
+        """Records of the finished turns; ``brought``: the images later turns bring (their prompts show them)."""
         prompt_tokens = None
         for event in events:
             if isinstance(event, TurnStarted):
-                prompt_tokens = self._prompt_tokens(event.prompt, images)  # outside the turn's timed part
+                shown = images_shown(images, brought or {}, event.turn)
+                prompt_tokens = self._prompt_tokens(event.prompt, shown)  # outside the turn's timed part
             elif isinstance(event, TurnFinished):
                 yield engine_record(sample, event.turn if turn is None else turn, drafter, event.result,
                                     prompt_tokens, self.fields, members)

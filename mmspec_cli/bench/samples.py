@@ -5,7 +5,9 @@ A manifest has one JSON object per line::
     {"id": "cat-1", "images": ["img/cat.png"], "turns": ["What is it?", "Why?"], "category": "llava-w"}
 
 ``images`` are paths relative to the manifest's folder (or absolute), in prompt order; an
-empty list makes a text-only sample. ``turns`` are the user questions of one conversation.
+empty list makes a text-only sample. ``turns`` are the user questions of one conversation; a turn
+may bring its own images, as ``{"question": "And this one?", "images": ["img/dog.png"]}``: they are
+shown in that turn, after the conversation so far (whose cache the decoder keeps).
 An optional ``"history": [["question", "answer"], ...]`` gives earlier turns as they are: they
 open the conversation (the images in their first turn) but are not generated or measured;
 ``turns`` then continue it. A ``category`` naming a TABED dataset (``LLaVA-W``, ``DocVQA``,
@@ -44,12 +46,32 @@ class Sample:
     images: tuple[Any, ...] = ()
     prompt_key: str | None = None
     history: tuple[tuple[str, str], ...] = ()
+    turn_images: tuple[tuple[int, tuple[Any, ...]], ...] = ()  # (turn index, the images that turn brings)
+
+    def brought(self, turns: int) -> dict[int, tuple[Any, ...]]:
+        """The images each of the first ``turns`` turns brings: {turn index: images}."""
+        return {index: images for index, images in self.turn_images if index < turns}
+
+    def refuse_turn_images(self, command: str) -> None:
+        """One line when a later turn brings images and ``command`` reads only the opening ones."""
+        if self.turn_images:
+            raise InputError(f"sample '{self.id}': a later turn brings images, which {command} does not read yet; "
+                             f"move them to the sample's 'images' or leave the sample out")
 
 
 def load_sample_images(sample: Sample) -> list:
-    """The sample's images as RGB PIL images; a bad file raises the one-line InputError of ``images.py``."""
+    """The sample's opening images as RGB PIL images; a bad file raises the one-line InputError of ``images.py``."""
+    return _load(sample.images)
+
+
+def load_turn_images(sample: Sample, turns: int) -> dict[int, list]:
+    """The images the first ``turns`` turns bring, as RGB PIL images: {turn index: images}."""
+    return {index: _load(images) for index, images in sample.brought(turns).items()}
+
+
+def _load(images: Sequence[Any]) -> list:
     out = []
-    for image in sample.images:
+    for image in images:
         if isinstance(image, (str, Path)):
             out.append(load_image(image))
         else:
@@ -103,16 +125,39 @@ def _parse_line(line: str, path: Path, number: int) -> Sample:
     if not isinstance(images, list) or not all(isinstance(i, str) and i for i in images):
         raise InputError(f"{where}: 'images' must be a list of file paths (relative to the manifest), "
                          f"got {json.dumps(images)[:80]}")
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+    if not isinstance(turns, list) or not turns:
         raise InputError(f"{where}: 'turns' must be a non-empty list of questions, got {json.dumps(turns)[:80]}")
+    questions, brought = [], []
+    for index, turn in enumerate(turns):
+        question, extra = _parse_turn(turn, where, index)
+        questions.append(question)
+        if extra:
+            brought.append((index, extra))
     try:
         history = check_history(data.get("history", []))
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from None
     folder = path.parent
-    paths = tuple(Path(os.path.expanduser(i)) if os.path.isabs(os.path.expanduser(i)) else folder / i for i in images)
-    return Sample(id=sample_id, category=category, turns=tuple(turns), images=paths,
-                  prompt_key=prompt_key_for(category), history=tuple(history))
+
+    def located(names: list[str]) -> tuple[Path, ...]:
+        return tuple(Path(os.path.expanduser(i)) if os.path.isabs(os.path.expanduser(i)) else folder / i for i in names)
+
+    opening = located(images) + tuple(p for index, extra in brought if index == 0 for p in located(extra))
+    return Sample(id=sample_id, category=category, turns=tuple(questions), images=opening,
+                  prompt_key=prompt_key_for(category), history=tuple(history),
+                  turn_images=tuple((index, located(extra)) for index, extra in brought if index > 0))
+
+
+def _parse_turn(turn: Any, where: str, index: int) -> tuple[str, list[str]]:
+    """A turn of a manifest: a question, or {"question": ..., "images": [...]}; (question, image paths)."""
+    if isinstance(turn, str) and turn.strip():
+        return turn, []
+    if isinstance(turn, Mapping) and isinstance(turn.get("question"), str) and turn["question"].strip():
+        extra = turn.get("images", [])
+        if isinstance(extra, list) and all(isinstance(i, str) and i for i in extra):
+            return turn["question"], list(extra)
+    raise InputError(f"{where}: turn {index + 1} must be a question or {{\"question\": ..., \"images\": [paths]}}, "
+                     f"got {json.dumps(turn)[:80]}")
 
 
 # --------------------------------------------------------------------------- selection

@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.choices import ORACLE
-from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
+from mmspec_cli.errors import InputError
+from mmspec_cli.cli.options import (Images, ProfileName, Questions, Threads, TurnImages, check_threads, decoding_flags,
+                                    parse_turn_images)
 from mmspec_cli.models.images import load_images
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import check_questions
@@ -19,6 +21,7 @@ from mmspec_cli.models.prompts import check_questions
 def generate(
     images: Images = None,
     question: Questions = None,
+    turn_image: TurnImages = None,
     profile: ProfileName = None,
     raw_prompt: Annotated[str | None, typer.Option(metavar="TEXT", help=(
         "The whole prompt of one turn, bypassing the chat template; one <image> per image."))] = None,
@@ -35,16 +38,20 @@ def generate(
     pictures = load_images(images or [])
     questions = question or []
     check_questions(questions, raw_prompt)
+    if turn_image and raw_prompt is not None:
+        raise InputError("--raw-prompt gives one turn with its images; drop --turn-image, or give the images as "
+                         "arguments")
+    brought = {index: load_images(paths) for index, paths in parse_turn_images(turn_image, len(questions)).items()}
     chosen = apply_overrides(load_profile(profile), **overrides)
     threads = check_threads(threads)
     from mmspec_cli.cli.display import is_terminal
 
     _run(chosen, pictures, questions, raw_prompt, live=is_terminal(sys.stdout) and not no_live, as_json=as_json,
-         threads=threads)
+         threads=threads, turn_images=brought)
 
 
 def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None, live: bool,
-         as_json: bool, threads: int | None) -> None:
+         as_json: bool, threads: int | None, turn_images: dict[int, list] | None = None) -> None:
     """Load the models, decode, and show the result in the chosen output mode."""
     from mmspec_cli.cli import display  # the engine pulls in torch and transformers: import only when needed
     from mmspec_cli.api import decoder_from_profile
@@ -53,24 +60,24 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
 
     display.forget_compiling()
     if profile.drafter == ORACLE:
-        decoder, choice = _oracle_decoder(profile, pictures, questions, raw_prompt, threads)
+        decoder, choice = _oracle_decoder(profile, pictures, questions, raw_prompt, threads, turn_images)
     else:
         decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
         choice = apply_threads(threads, decoder.target.model)
     if as_json:
-        generation = decoder.generate(pictures, questions, raw_prompt)
+        generation = decoder.generate(pictures, questions, raw_prompt, turn_images=turn_images)
         typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
     else:
         tokenizer = decoder.target.tokenizer
         view = display.LiveView(tokenizer, members=decoder.drafter.members) if live else display.PlainView(tokenizer)
         with view:
-            for event in decoder.stream(pictures, questions, raw_prompt):
+            for event in decoder.stream(pictures, questions, raw_prompt, turn_images=turn_images):
                 view.handle(event)
     display.report_compiling()
 
 
 def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_prompt: str | None,
-                    threads: int | None):
+                    threads: int | None, turn_images: dict[int, list] | None = None):
     """``--drafter oracle`` (a benchmark tool): a first ``ar`` run records the target's output, untimed and not
     shown; the oracle then replays it (``drafters/oracle.py``)."""
     import time
@@ -81,7 +88,7 @@ def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_
     models = ModelSet.load(profile, ["ar", ORACLE], threads=None)
     choice = apply_threads(threads, models.target.model)
     start = time.perf_counter()
-    recorded = recorded_by_ar(models, pictures, questions, raw_prompt)
+    recorded = recorded_by_ar(models, pictures, questions, raw_prompt, turn_images=turn_images)
     typer.echo(f"note: oracle replays the target's output of a first ar run ({sum(map(len, recorded))} tokens in "
                f"{time.perf_counter() - start:.1f} s, not counted); it is a benchmark tool", err=True)
     return models.decoder(ORACLE, recorded=recorded), choice

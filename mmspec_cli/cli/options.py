@@ -35,6 +35,28 @@ Threads = Annotated[int | None, typer.Option("--threads", metavar="N", help=(
     "family's, else the cores the load average leaves idle."))]
 
 
+TurnImages = Annotated[list[str] | None, typer.Option("--turn-image", metavar="N:IMAGE", help=(
+    "An image the N-th question (-q, counted from 1) brings: shown in that turn, after the conversation so far, "
+    "whose cache is kept. Repeat for more; IMAGE arguments open the conversation."), show_default=False)]
+
+
+def parse_turn_images(values: list[str] | None, questions: int) -> dict[int, list[str]]:
+    """``--turn-image N:IMAGE`` values as {question index from 0: image paths}, in the order given; one line
+    when one is malformed or names a question that is not there."""
+    found: dict[int, list[str]] = {}
+    for value in values or []:
+        number, _, path = value.partition(":")
+        if not number.strip().isdigit() or not path:
+            raise InputError(f"--turn-image takes N:IMAGE, the question's number (from 1) and an image file, got "
+                             f"{shorten(value)!r}; e.g. --turn-image 2:second.png")
+        if not 1 <= int(number) <= questions:
+            raise InputError(f"--turn-image {shorten(value)} names question {int(number)}, but there "
+                             f"{'is' if questions == 1 else 'are'} {questions} question{'s' * (questions != 1)} (-q); "
+                             f"number them from 1 in the order given")
+        found.setdefault(int(number) - 1, []).append(path)
+    return found
+
+
 def check_threads(threads: int | None) -> int | None:
     """``--threads`` and ``MMSPEC_THREADS``, checked before any model loads (one line each when wrong)."""
     import os

@@ -11,7 +11,7 @@ See docs/ARCHITECTURE.md, "The life of one block".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -125,10 +125,11 @@ class SpeculativeDecoder:
 
     def generate(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                  on_event: Callable[[Event], None] | None = None, history: Sequence[tuple[str, str]] = (),
-                 max_new_tokens: int | None = None, seed: int | None = None) -> Generation:
+                 max_new_tokens: int | None = None, seed: int | None = None,
+                 turn_images: Mapping[int, Sequence[Any]] | None = None) -> Generation:
         """Run every turn and return the results; ``on_event`` sees each event as it happens."""
-        return collect(self.stream(images, questions, raw_prompt, history, max_new_tokens, seed), self.drafter.name,
-                       self.members, on_event)
+        return collect(self.stream(images, questions, raw_prompt, history, max_new_tokens, seed, turn_images),
+                       self.drafter.name, self.members, on_event)
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -137,17 +138,20 @@ class SpeculativeDecoder:
 
     def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                history: Sequence[tuple[str, str]] = (), max_new_tokens: int | None = None,
-               seed: int | None = None) -> Iterator[Event]:
+               seed: int | None = None, turn_images: Mapping[int, Sequence[Any]] | None = None) -> Iterator[Event]:
         """Yield events turn by turn. ``raw_prompt`` (one turn) replaces the chat template.
 
         ``history``: earlier (question, answer) turns of the conversation, given as they are and
-        not generated; the images belong to its first turn. Turn numbers count generated turns.
+        not generated; ``images`` open the conversation (its first turn). ``turn_images``: the images
+        a later question brings ({index in ``questions``: images}); the cache of the turns before is
+        kept, and only the new part of the prompt is fed. Turn numbers count generated turns.
         ``max_new_tokens`` and ``seed`` default to the decoder's.
         """
         picker = TokenPicker(self.sampling, self.seed if seed is None else seed)
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         return conversation(self.target.processor, images, questions, raw_prompt, history,
-                            lambda turn, question, text: self._turn(turn, question, text, images, picker, limit))
+                            lambda turn, question, text, shown: self._turn(turn, question, text, shown, picker, limit),
+                            turn_images)
 
     def _turn(self, turn: int, question: str, text: str, images: Sequence[Any], picker: TokenPicker,
               max_new_tokens: int) -> Generator[BlockVerified, None, TurnResult]:

@@ -84,6 +84,7 @@ class CachedModel:
         self.family = family_of(model)
         self.positions = self.family.positions()  # after the held prompt: its rope offset (0 without images)
         self.images_end = 0  # one past the last image placeholder the state holds with its pixels
+        self.images_count = 0  # how many images the state holds
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
         self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
@@ -128,6 +129,7 @@ class CachedModel:
         self.vision = {}
         self.positions = self.family.positions()
         self.images_end = 0
+        self.images_count = 0
         self.tree = None
         if self.features is not None:
             self.features.clear()
@@ -212,41 +214,67 @@ class CachedModel:
         ``prompt_len`` ids (default: all of ``ids``). Image ids after the prompt (drafted or
         generated) are ordinary tokens, as in transformers' own ``generate``. When the part to
         feed reaches back into the prompt's placeholders, the prompt is encoded again from the
-        start with its pixels, never spliced.
+        start with its pixels, never spliced. When a later turn brings new images after the held
+        conversation (whose images are the first ones of ``vision``), only the new part is fed, with
+        the new images' tensors and the positions the whole prompt gives it (:meth:`_images_after`).
         """
         self._claim()
         self._drop_tree()
         prompt_len = len(ids) if prompt_len is None else prompt_len
         images_end = _placeholders_end(ids[:prompt_len], self.image_token_id)
-        reuse = common_prefix_length(self.ids, ids)
+        reuse = min(common_prefix_length(self.ids, ids), len(ids) - keep)  # positions whose logits we need are fed
+        added = None
         if reuse and images_end:
-            if not same_tensors(self.vision, vision):
-                reuse = 0  # same placeholder ids, other images: the cached image positions are stale
-            else:
+            if same_tensors(self.vision, vision):
                 self.vision = dict(vision or {})  # the same images: identity checks succeed from now on
-        reuse = min(reuse, len(ids) - keep)  # positions whose logits we need must be fed
-        if reuse < max(images_end, self.images_end):  # images to feed, or held images cut into
+            else:
+                added = self._images_after(ids, reuse, prompt_len, vision or {})
+                if added is None:
+                    reuse = 0  # same placeholder ids, other images: the cached image positions are stale
+        if reuse < self.images_end or (reuse < images_end and added is None):  # images to feed, or held images cut into
             self.reset()
-            self.images_end = images_end
-            segments = [(0, prompt_len, vision or {}), (prompt_len, len(ids), {})]
+            segments = [(0, prompt_len, vision or {}, None), (prompt_len, len(ids), {}, None)]
+        elif added is not None:  # a later turn's new images, after the held conversation
+            self._crop(reuse)
+            positions, offset = self.family.prompt_positions(self.model, ids[:prompt_len], vision, self.device)
+            self.positions = self.family.positions(offset)
+            segments = [(reuse, prompt_len, added, positions[..., reuse:prompt_len]), (prompt_len, len(ids), {}, None)]
         else:
             self._crop(reuse)
-            segments = [(reuse, len(ids), {})]
-        parts = [self._forward(ids[start:stop], images, wanted=min(stop - start, max(0, keep - (len(ids) - stop))))
-                 for start, stop, images in segments if stop > start]
+            segments = [(reuse, len(ids), {}, None)]
+        parts = [self._forward(ids[start:stop], images, wanted=min(stop - start, max(0, keep - (len(ids) - stop))),
+                               positions=positions)
+                 for start, stop, images, positions in segments if stop > start]
         self.ids = list(ids)
         if images_end:
             self.vision = dict(vision or {})
+            self.images_end, self.images_count = images_end, self.family.image_count(self.vision)
         return torch.cat([p for p in parts if p is not None])  # (keep, V)
 
-    def _forward(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], wanted: int) -> torch.Tensor | None:
-        """Feed ``ids`` (with ``images`` for their placeholders) at the next positions; logits of the last
-        ``wanted`` positions."""
+    def _images_after(self, ids: Sequence[int], reuse: int, prompt_len: int,
+                      vision: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """The tensors of the images whose placeholders lie after the ``reuse`` held ids, when everything before
+        is what the state holds: its images are the first ones of ``vision`` and no other placeholder comes
+        before ``reuse``. None when that is not so, or the family can't cut its tensors per image."""
+        held, total = self.images_count, self.family.image_count(vision)
+        if reuse < self.images_end or total <= held or self.image_token_id in ids[self.images_end:reuse]:
+            return None
+        if held:
+            mine = self.family.images_in(self.vision, 0, held, slice(0, 0))  # per-token tensors: the ids compared them
+            theirs = self.family.images_in(vision, 0, held, slice(0, 0))
+            if mine is None or theirs is None or not same_tensors(mine, theirs):
+                return None
+        return self.family.images_in(vision, held, total, slice(reuse, prompt_len))
+
+    def _forward(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], wanted: int,
+                 positions: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Feed ``ids`` (with ``images`` for their placeholders) at the next positions, or at ``positions`` (a
+        later turn's new images); logits of the last ``wanted`` positions."""
         state = self.state
-        if images:  # a whole prompt from position 0: the family's prompt positions and its rope offset
+        if positions is None and images:  # a whole prompt from position 0: its positions and its rope offset
             positions, offset = self.family.prompt_positions(self.model, ids, images, self.device)
             self.positions = self.family.positions(offset)
-        else:
+        elif positions is None:
             positions = self.positions.chain(state.length, len(ids), self.device)  # (1, n), or (3, 1, n) M-RoPE
         compiled = None
         if self.compiled is not None and not images:

@@ -14,6 +14,8 @@ A family answers: the position ids of a prompt and the offset of what follows it
 (:meth:`prompt_positions`), the position function after a prompt (:meth:`positions`), the token ids
 one image is in the unexpanded prompt text (:meth:`image_placeholder_ids`: what a text-only or
 caption view replaces), the positions of a batch of left-padded prompts (:meth:`batch_positions`),
+how many images a processor's tensors hold and the tensors of some of them (:meth:`image_count`,
+:meth:`images_in`: a later turn's new images are fed after the cached conversation),
 whether batched draft rows hand the model its images to embed itself (``model_embeds_row_images``), and
 whether its decoder takes a custom 4-D mask for token trees (``tree_decoders``). :func:`family_of` picks
 the adapter from the model's config.
@@ -54,6 +56,24 @@ class LlavaFamily:
     def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
         """The token ids one image is in the prompt text before the processor expands it."""
         return (image_token_id,)
+
+    #: the processor's tensors :meth:`images_in` can cut per image (each holds one entry per image on dim 0)
+    image_keys: tuple[str, ...] = ("pixel_values", "image_sizes")
+
+    def image_count(self, vision: Mapping[str, torch.Tensor]) -> int:
+        """How many images a processor's tensors hold."""
+        pixels = vision.get("pixel_values")
+        return 0 if pixels is None else int(pixels.shape[0])
+
+    def images_in(self, vision: Mapping[str, torch.Tensor], first: int, last: int,
+                  tokens: slice) -> dict[str, torch.Tensor] | None:
+        """The tensors of images ``first`` to ``last - 1`` of ``vision`` (the processor's output for a whole
+        prompt), for the prompt segment ``tokens`` that holds exactly their placeholders; None when this
+        family's tensors can't be cut per image (LLaVA-OneVision's ``batch_num_images``, say: its images are
+        laid out for the whole set), and the whole prompt is then encoded again."""
+        if set(vision) - set(self.image_keys):
+            return None
+        return {key: value[first:last] for key, value in vision.items()}
 
     def batch_positions(self, model: Any, prompts: Sequence[tuple[Sequence[int], Mapping[str, torch.Tensor]]],
                         width: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +116,26 @@ class QwenVLFamily(LlavaFamily):
 
     def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
         return (self.config.vision_start_token_id, image_token_id, self.config.vision_end_token_id)
+
+    image_keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+    def image_count(self, vision: Mapping[str, torch.Tensor]) -> int:
+        grid = vision.get("image_grid_thw")
+        return 0 if grid is None else int(grid.shape[0])
+
+    def images_in(self, vision: Mapping[str, torch.Tensor], first: int, last: int,
+                  tokens: slice) -> dict[str, torch.Tensor] | None:
+        """Qwen's patches of all images are one (patches, D) tensor: image i holds t·h·w rows of it, from its
+        ``image_grid_thw`` row; ``mm_token_type_ids`` is per token, cut to ``tokens``."""
+        if set(vision) - set(self.image_keys) or "image_grid_thw" not in vision:
+            return None
+        grid = vision["image_grid_thw"]
+        rows = [int(n) for n in grid.prod(dim=-1)]
+        out = {"pixel_values": vision["pixel_values"][sum(rows[:first]):sum(rows[:last])],
+               "image_grid_thw": grid[first:last]}
+        if "mm_token_type_ids" in vision:
+            out["mm_token_type_ids"] = vision["mm_token_type_ids"][..., tokens]
+        return out
 
 
 #: ``config.model_type`` of the Qwen-VL classes mmspec runs

@@ -1,9 +1,9 @@
 """Building the prompt of each turn and the per-model views of it.
 
 The prompt text is rendered once per turn with the target processor's chat template
-(``apply_chat_template(..., add_generation_prompt=True)``): the first user turn holds the
-images in order, then the question; later turns add the earlier answers as assistant
-turns. Without a chat template, the LLaVA-1.5 format ``USER: <image>\\n{question} ASSISTANT:``
+(``apply_chat_template(..., add_generation_prompt=True)``): each user turn holds its images in
+order (the opening images in the first), then its question; later turns add the earlier answers
+as assistant turns. Without a chat template, the LLaVA-1.5 format ``USER: <image>\\n{question} ASSISTANT:``
 is used. Each model then tokenizes that same text with its own processor (so a LLaVA-NeXT
 target and a LLaVA-1.5 draft each expand the image placeholders their own way).
 """
@@ -64,11 +64,20 @@ def as_text(text: str, placeholder: str) -> str:
     return text
 
 
-def build_messages(questions: Sequence[str], answers: Sequence[str], n_images: int) -> list[dict]:
-    """Chat messages for the turn after ``answers``: images first in the first user turn."""
+def image_counts(n_images: int | Sequence[int], questions: int) -> list[int]:
+    """Images per user message: an int puts them all in the first; a sequence gives each question its own
+    (a later question can bring new images; missing entries are 0)."""
+    counts = [n_images] if isinstance(n_images, int) else list(n_images)
+    return (counts + [0] * questions)[:max(questions, len(counts))]
+
+
+def build_messages(questions: Sequence[str], answers: Sequence[str], n_images: int | Sequence[int]) -> list[dict]:
+    """Chat messages for the turn after ``answers``: each user turn's images (:func:`image_counts`) before its
+    question."""
+    counts = image_counts(n_images, len(questions))
     messages: list[dict] = []
     for turn, question in enumerate(questions[: len(answers) + 1]):
-        content = [{"type": "image"} for _ in range(n_images if turn == 0 else 0)]
+        content = [{"type": "image"} for _ in range(counts[turn])]
         content.append({"type": "text", "text": question})
         messages.append({"role": "user", "content": content})
         if turn < len(answers):
@@ -89,11 +98,12 @@ def llava15_prompt(messages: Sequence[dict], image_token: str, eos: str) -> str:
     return "".join(parts) + "ASSISTANT:"
 
 
-def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[str], n_images: int,
+def render_prompt(processor: Any, questions: Sequence[str], answers: Sequence[str], n_images: int | Sequence[int],
                   history: Sequence[tuple[str, str]] = ()) -> str:
     """The prompt text for the next turn, through the processor's chat template when it has one.
 
     ``history``: earlier (question, answer) turns given as they are (not generated), before ``questions``.
+    ``n_images``: the images of the first user turn, or each user turn's (history's first), :func:`image_counts`.
     Questions and answers that hold the image placeholder keep it as text (:func:`as_text`).
     """
     placeholder = image_placeholder(processor)

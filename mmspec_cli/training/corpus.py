@@ -76,6 +76,7 @@ def read_image_bytes(path: str | Path) -> bytes:
 
 
 def from_sample(sample: Sample) -> Conversation:
+    sample.refuse_turn_images("train-head")
     return Conversation(sample.id, tuple(sample.turns), tuple(sample.history), lambda: load_sample_images(sample),
                         lambda: (len(sample.images), fingerprint(sample.images)))
 
