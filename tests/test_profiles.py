@@ -88,6 +88,18 @@ def test_the_vispec_profiles_name_the_published_heads(size):
     assert (d.tree, d.tree_budget, d.tree_depth, d.tree_topk) == ("dynamic", 30, 3, 8)
 
 
+def test_the_qwen25_vispec_profile_names_the_published_qwen_head():
+    profile = load_profile("qwen25-vl-7b-vispec")
+    assert profile.target == ModelSpec(model="Qwen/Qwen2.5-VL-7B-Instruct", dtype="bfloat16")
+    [head] = profile.head
+    assert (head.model, head.kind, head.num_q) == ("JLKang/ViSpec-Qwen2.5-VL-7B-Instruct", "vispec", 2)
+    assert profile.drafter == "vispec" and profile.draft is None
+    d = profile.decoding
+    assert (d.tree, d.tree_budget, d.tree_depth, d.tree_topk, d.temperature) == ("dynamic", 30, 3, 8, 0.0)
+    assert profile_from_dict(profile_to_dict(profile), name=profile.name, source=profile.source) == profile
+    assert (builtin_profiles_dir() / "qwen25-vl-7b-vispec.yaml").read_text().startswith("# ")
+
+
 # --------------------------------------------------------------------------- good input
 
 

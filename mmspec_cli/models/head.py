@@ -8,10 +8,14 @@ The network (ViSpec's ``cnets``; EAGLE's head is the same without the vision par
 - **Fusion:** ``fc(cat(e, f))`` with ``fc = Linear(2H, H)``; ``vispec`` first passes f through
   ``img_fc(cat(f, g))`` with the image's global feature g (zero before the first image).
 - **Body:** one decoder layer of the target's shape (transformers' ``LlamaDecoderLayer``, its
-  input norm replaced by the identity), then the TARGET's LM head (shared, never copied).
+  input norm replaced by the identity), then the TARGET's LM head (shared, never copied). A head whose
+  config says ``qkv_bias: true`` (ViSpec's published Qwen2.5-VL heads, and mmspec's own heads for targets
+  whose attention has q/k/v biases, as Qwen2's does) has transformers' ``Qwen2DecoderLayer`` instead:
+  the same layer with biases on q, k and v (none on o).
 - **Vision adaptor (vispec):** ``num_q`` learnable queries cross-attend over one image's projector
-  outputs (:class:`ImageAdaptor`). The first ``num_q − 1`` outputs stand in the sequence where the
-  image was, at the positions of its last slots, without ``fc``; the last output is g.
+  outputs (:class:`ImageAdaptor`; with ``qkv_bias`` its k and v projections have biases too). The
+  first ``num_q − 1`` outputs stand in the sequence where the image was, at the positions of its last
+  slots, without ``fc``; the last output is g.
 
 An entry's output h_p approximates f_{p+1}, so ``lm_head(h_p)`` predicts token p+2; drafting
 feeds h back as the next entry's f. :func:`head_sequence` lays a sequence of pairs out as
@@ -25,11 +29,32 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
 HEAD_KINDS = ("eagle", "vispec")
 DEFAULT_NUM_Q = 2  # ViSpec's code (the paper says 1); published checkpoints don't store it
+#: LlamaConfig keys a Qwen2 layer has no use for (its q/k/v biases are fixed, o has none, the MLP has none)
+LLAMA_ONLY = ("model_type", "architectures", "transformers_version", "attention_bias", "mlp_bias", "pretraining_tp",
+              "layer_types", "qkv_bias")
+
+
+def has_qkv_bias(config: LlamaConfig) -> bool:
+    """Whether a head of ``config`` has biases on q/k/v (``qkv_bias`` in its config.json, as ViSpec's Qwen heads)."""
+    return bool(getattr(config, "qkv_bias", False))
+
+
+def decoder_parts(config: LlamaConfig) -> tuple[nn.Module, nn.Module]:
+    """The head's decoder layer and its rotary embedding, from transformers: Llama's, or Qwen2's (q/k/v biases, no
+    o bias) when ``config`` has ``qkv_bias``. The Qwen2 layer attends over the whole head sequence (no sliding window)."""
+    if not has_qkv_bias(config):
+        return LlamaDecoderLayer(config, layer_idx=0), LlamaRotaryEmbedding(config)
+    fields = {k: v for k, v in config.to_dict().items() if k not in LLAMA_ONLY}
+    fields.update(num_hidden_layers=1, use_sliding_window=False)
+    qwen = Qwen2Config(**fields)  # head_dim rides along as an extra key, which Qwen2Attention reads
+    qwen._attn_implementation = "sdpa"
+    return Qwen2DecoderLayer(qwen, layer_idx=0), Qwen2RotaryEmbedding(qwen)
 
 
 class ImageAdaptor(nn.Module):
@@ -58,7 +83,9 @@ class DraftHead(nn.Module):
     """One draft head (``kind`` eagle or vispec) over a target of ``config``'s shape.
 
     Parameter names follow ViSpec's published checkpoints (``embed_tokens``, ``fc``, ``img_fc``,
-    ``imadpt``, ``layers.0``), so those load with no renaming.
+    ``imadpt``, ``layers.0``), so those load with no renaming: 17 tensors for a LLaVA vispec head, 22 with
+    ``qkv_bias`` (the published Qwen2.5-VL heads, e.g. ``JLKang/ViSpec-Qwen2.5-VL-7B-Instruct``: the five more
+    are ``layers.0.self_attn.{q,k,v}_proj.bias`` and ``imadpt.{k,v}_proj.bias``).
     """
 
     def __init__(self, config: LlamaConfig, kind: str, num_q: int = DEFAULT_NUM_Q):
@@ -71,17 +98,17 @@ class DraftHead(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer, rotary = decoder_parts(config)
         layer.input_layernorm = nn.Identity()  # the fused input is not normed (ViSpec, EAGLE)
         self.layers = nn.ModuleList([layer])
-        self.rotary = LlamaRotaryEmbedding(config)
+        self.rotary = rotary
         if kind == "vispec":
             self.img_fc = nn.Linear(2 * hidden, hidden)
             with torch.no_grad():  # [I | 0], bias 0: starts as the identity on f
                 self.img_fc.weight.zero_()
                 self.img_fc.weight[:, :hidden].copy_(torch.eye(hidden))
                 self.img_fc.bias.zero_()
-            self.imadpt = ImageAdaptor(hidden, config.num_attention_heads, num_q)
+            self.imadpt = ImageAdaptor(hidden, config.num_attention_heads, num_q, bias=has_qkv_bias(config))
 
     @property
     def sees_images(self) -> bool:

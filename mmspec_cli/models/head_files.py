@@ -6,6 +6,15 @@ rms_norm_eps, max_position_embeddings, rope settings) and ``model.safetensors`` 
 ``pytorch_model.bin``) with the tensors of :class:`~mmspec_cli.models.head.DraftHead`: 17 for a
 LLaVA vispec head, 11 for an eagle head. Every tensor must be used and none may be missing.
 
+ViSpec's published Qwen2.5-VL heads (source: ViSpec's published checkpoint layout, the ``JLKang/ViSpec-*``
+hub repositories, here ``JLKang/ViSpec-Qwen2.5-VL-7B-Instruct``) add ``"qkv_bias": true`` and
+``rope_theta`` to config.json and five tensors: the decoder layer's ``layers.0.self_attn.{q,k,v}_proj.bias``
+and the vision adaptor's ``imadpt.{k,v}_proj.bias``, 22 in all for a vispec head (``imadpt.q`` is
+(2, 28, 128) for the 7B, as reported for that repository; mmspec's tests check this layout offline, with
+random weights, on a tiny Qwen2.5-VL target). Such a head gets transformers'
+``Qwen2DecoderLayer`` (:func:`~mmspec_cli.models.head.decoder_parts`); a Qwen-VL ``mrope`` rope type in
+its config is read as the plain 1-D rope the head runs (:func:`plain_rope`).
+
 Heads trained by mmspec add an ``mmspec`` block to ``config.json``: the kind, num_q and the target
 they were trained for. Published heads have none: their kind follows from their tensors
 (``imadpt`` and ``img_fc`` make a vispec head) and num_q from ``imadpt.q`` (2 when absent).
@@ -22,7 +31,7 @@ import torch
 from transformers import LlamaConfig
 
 from mmspec_cli.errors import ModelLoadError
-from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
+from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
 from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
@@ -65,11 +74,14 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), int) for k in CHECKED_SHAPE):
         raise ModelLoadError(f"head.model: {shown}/config.json lacks integer {', '.join(CHECKED_SHAPE)}; "
                              f"it is not a draft head's config")
-    if raw.get("qkv_bias"):
-        raise ModelLoadError(f"head.model: {shown} is a Qwen-shaped head (qkv_bias); mmspec runs heads for "
-                             f"Llama-shaped targets (LLaVA-1.5, LLaVA-1.6 vicuna)")
+    if not isinstance(raw.get("qkv_bias", False), bool):
+        raise ModelLoadError(f"head.model: {shown}/config.json has qkv_bias {json.dumps(raw['qkv_bias'])}; "
+                             f"set it to true (q/k/v biases, as ViSpec's Qwen heads) or false")
     meta = raw.pop("mmspec", None) or {}
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version")}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(fields.get(key), dict):
+            fields[key] = plain_rope(fields[key])
     fields["num_hidden_layers"] = 1
     return HeadInfo(LlamaConfig(**fields), meta.get("kind"), meta.get("num_q"), meta.get("target"),
                     meta.get("target_signature"))
@@ -112,20 +124,39 @@ def check_fits(info: HeadInfo, target: LoadedModel, shown: str) -> None:
                              f"train one for this target with `mmspec train-head`")
 
 
+def is_qkv_bias(key: str) -> bool:
+    """A q/k/v bias of the decoder layer or the vision adaptor: what a ``qkv_bias`` head has more."""
+    return key.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) and key.startswith(("layers.", "imadpt."))
+
+
 def check_tensors(head: DraftHead, weights: dict[str, torch.Tensor], shown: str) -> None:
-    """Every tensor of the head present with its shape, and no other: one line naming the first fault."""
+    """Every tensor of the head present with its shape, and no other: one line naming the fault and its fix."""
     wanted = {k: tuple(v.shape) for k, v in head.state_dict().items()}
     missing = [k for k in wanted if k not in weights]
     extra = [k for k in weights if k not in wanted]
     if missing or extra:
         parts = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
                 ([f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra else [])
-        raise ModelLoadError(f"head {shown} doesn't have the tensors of a {head.kind} head "
-                             f"({len(wanted)} expected): {'; '.join(parts)}")
+        biased = has_qkv_bias(head.config)
+        biases = [k for k in wanted if is_qkv_bias(k)]
+        if extra and not missing and not biased and all(is_qkv_bias(k) for k in extra):
+            fix = 'these are q/k/v biases (ViSpec\'s Qwen layout): add "qkv_bias": true to its config.json'
+        elif missing and not extra and biased and missing == biases:
+            fix = 'its config.json says "qkv_bias": true but it holds no q/k/v biases: set it to false'
+        elif missing and not extra and biased and all(is_qkv_bias(k) for k in missing):
+            fix = (f"a qkv_bias head holds all {len(biases)} q/k/v biases, so the file is incomplete: download "
+                   f"it again or name a complete head")
+        else:
+            fix = ("its weights are not those its config.json describes, or the file is incomplete: download it "
+                   "again, or name a folder as `mmspec train-head` writes it")
+        layout = " with q/k/v biases" if biased else ""
+        raise ModelLoadError(f"head {shown} doesn't have the tensors of a {head.kind} head{layout} "
+                             f"({len(wanted)} expected): {'; '.join(parts)}; {fix}")
     for key, shape in wanted.items():
         if tuple(weights[key].shape) != shape:
             raise ModelLoadError(f"head {shown}: {key} has shape {tuple(weights[key].shape)}, expected {shape} "
-                                 f"from its config.json")
+                                 f"from its config.json; the weights and config.json are of different heads: "
+                                 f"download the head again, or name the config.json that came with its weights")
 
 
 def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedModel,
@@ -164,8 +195,32 @@ def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> N
                                  f"again with a lower --lr (`{retrain}`)")
 
 
+def plain_rope(rope: dict[str, Any]) -> dict[str, Any]:
+    """Rope settings without M-RoPE: the ``mrope*`` keys dropped and an ``mrope`` type read as ``default``
+    (transformers' Qwen2-VL configs do the same; the head reads 1-D positions)."""
+    out = {k: v for k, v in rope.items() if not k.startswith("mrope")}
+    if "mrope" in (out.get("type"), out.get("rope_type")):
+        out.pop("type", None)
+        out["rope_type"] = "default"
+    return out
+
+
+def target_qkv_bias(model: torch.nn.Module) -> bool:
+    """Whether the target's decoder attention has biases on q/k/v and none on o (Qwen2's, Qwen2-VL's, Qwen2.5-VL's
+    attention; not Llama's nor Qwen3-VL's): a head for it then has them too, as ViSpec's Qwen heads do."""
+    try:
+        attention = model.get_decoder().layers[0].self_attn
+    except (AttributeError, IndexError, TypeError, NotImplementedError):
+        return False
+    q, o = getattr(attention, "q_proj", None), getattr(attention, "o_proj", None)
+    return getattr(q, "bias", None) is not None and o is not None and getattr(o, "bias", None) is None
+
+
 def head_config(target: LoadedModel) -> LlamaConfig:
-    """The layer config of a new head for ``target``: the target's text config, one layer.
+    """The layer config of a new head for ``target``: the target's text config, one layer, and ``qkv_bias: true``
+    when the target's attention has q/k/v biases (:func:`target_qkv_bias`), so mmspec's own heads for Qwen2-VL
+    and Qwen2.5-VL targets have ViSpec's published Qwen layout and save it (``save_head`` writes the key to
+    config.json, which ``load_head`` reads back).
 
     The head reads 1-D positions along its own sequence (:func:`~mmspec_cli.models.head.head_sequence`), so a
     Qwen-VL target's M-RoPE sections are left out of its rotary settings, and so is the per-layer list of the
@@ -174,8 +229,10 @@ def head_config(target: LoadedModel) -> LlamaConfig:
     fields = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "model_type", "layer_types")}
     rope = fields.get("rope_parameters")
     if isinstance(rope, dict):
-        fields["rope_parameters"] = {k: v for k, v in rope.items() if not k.startswith("mrope")}
+        fields["rope_parameters"] = plain_rope(rope)
     fields.update(num_hidden_layers=1, vocab_size=target.vocab_size)
+    if target_qkv_bias(target.model):
+        fields["qkv_bias"] = True
     return LlamaConfig(**fields)
 
 
