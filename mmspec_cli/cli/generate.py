@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.choices import ORACLE
+from mmspec_cli.decoding.conversation import RAW_PROMPT_WITH_TURN_IMAGES
 from mmspec_cli.errors import InputError
 from mmspec_cli.cli.options import (Images, ProfileName, Questions, Threads, TurnImages, check_threads, decoding_flags,
                                     parse_turn_images)
@@ -39,8 +40,7 @@ def generate(
     questions = question or []
     check_questions(questions, raw_prompt)
     if turn_image and raw_prompt is not None:
-        raise InputError("--raw-prompt gives one turn with its images; drop --turn-image, or give the images as "
-                         "arguments")
+        raise InputError(RAW_PROMPT_WITH_TURN_IMAGES)
     brought = {index: load_images(paths) for index, paths in parse_turn_images(turn_image, len(questions)).items()}
     chosen = apply_overrides(load_profile(profile), **overrides)
     threads = check_threads(threads)

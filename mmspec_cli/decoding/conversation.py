@@ -48,6 +48,11 @@ def conversation(processor: Any, images: Sequence[Any], questions: Sequence[str]
         yield TurnFinished(turn=turn, result=result)
 
 
+#: Why turn images and ``--raw-prompt`` don't go together (the CLI refuses them before loading, the engine again).
+RAW_PROMPT_WITH_TURN_IMAGES = ("--raw-prompt gives one turn with its images; drop --turn-image, or give the images "
+                               "as arguments")
+
+
 def images_shown(images: Sequence[Any], turn_images: Mapping[int, Sequence[Any]], turn: int) -> list:
     """The images turn ``turn``'s prompt shows, in order: the opening ones, then those each turn up to it brought."""
     return list(images) + [image for index in sorted(turn_images) if index <= turn for image in turn_images[index]]
@@ -59,8 +64,7 @@ def check_turn_images(turn_images: Mapping[int, Sequence[Any]] | None, questions
     if not turn_images:
         return {}
     if raw_prompt is not None:
-        raise InputError("--raw-prompt gives one turn with its images; drop --turn-image, or give the images as "
-                         "arguments")
+        raise InputError(RAW_PROMPT_WITH_TURN_IMAGES)
     checked = {}
     for index, brought in turn_images.items():
         if not isinstance(index, int) or not 0 <= index < questions:
