@@ -69,6 +69,7 @@ from mmspec_cli.decoding.engine import SpeculativeDecoder  # noqa: E402
 from mmspec_cli.bench.hf_assisted import assisted_generate  # noqa: E402
 from mmspec_cli.models.loading import LoadedModel, load_model  # noqa: E402
 from mmspec_cli.models.profiles import ModelSpec  # noqa: E402
+from mmspec_cli.models.parts import with_cache  # noqa: E402
 from mmspec_cli.models.prompts import render_prompt  # noqa: E402
 
 QUESTION = "what is in the image?"
@@ -323,7 +324,7 @@ def draft_step_times(model: LoadedModel, image, args) -> tuple[float, float, int
     for rows in (1, args.batch):
         cache = DynamicCache(config=model.model.config)
         out = model.model(input_ids=torch.tensor([ids] * rows), pixel_values=pixels.repeat(rows, 1, 1, 1).to(model.model.dtype),
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+                          **with_cache(cache), use_cache=True, logits_to_keep=1)
         next_token = out.logits[:, -1].argmax(-1, keepdim=True)  # (rows, 1)
         states[rows] = (cache, next_token, cache.get_seq_length())
     times = {1: [], args.batch: []}
@@ -332,7 +333,7 @@ def draft_step_times(model: LoadedModel, image, args) -> tuple[float, float, int
         for rows in ((1, args.batch) if i % 2 == 0 else (args.batch, 1)):
             cache, token, length = states[rows]
             t0 = time.perf_counter()
-            model.model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model.model(input_ids=token, **with_cache(cache), use_cache=True, logits_to_keep=1)
             dt = time.perf_counter() - t0
             cache.crop(length - cache.get_seq_length())  # back to S tokens (negative count; not timed)
             if i >= warmup:

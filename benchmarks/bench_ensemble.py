@@ -66,6 +66,7 @@ from tests import tiny  # noqa: E402
 from mmspec_cli.drafters.captioner import Captioner  # noqa: E402
 from mmspec_cli.drafters import build_drafter  # noqa: E402
 from mmspec_cli.drafters.rows import BatchedRows  # noqa: E402
+from mmspec_cli.models.parts import with_cache  # noqa: E402
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row  # noqa: E402
 from mmspec_cli.decoding.engine import SpeculativeDecoder  # noqa: E402
 from mmspec_cli.drafters.weights import KL_FLOOR, WeightPolicy  # noqa: E402
@@ -167,7 +168,7 @@ class PreparedMaskRows(BatchedRows):
             return super()._forward(fresh, **inputs)
         positions = self.mask.sum(1, keepdim=True) - 1  # (B, 1): each row's own position
         out = self.model(attention_mask=self.mask[:, None, None, :].bool(), position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1, **inputs)
+                         **with_cache(self.cache), use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[:, -1]
 
 

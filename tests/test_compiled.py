@@ -261,6 +261,30 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(tiny_mode
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
 
+@pytest.mark.parametrize("drafter", ["m", "t", "eagle", "vispec"])
+def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(tiny_models, first_turn, drafter):
+    """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``) and a head's whole
+    greedy chain (``greedy_chain``) are ONE graph each: every block's draft equals the eager step-by-step chain's
+    over the same static state, over two turns, and the keys the draft's state holds at the end (rotated by the
+    positions each entry was fed at) are the eager chain's: so the graphs' masks, positions, vocabulary cut and
+    the state they leave are the eager chain's. The target's output is its own."""
+    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    head = random_head(target, drafter) if drafter in ("eagle", "vispec") else None
+    drafts, keys = {}, {}
+    for kv in ("static", "compiled"):
+        chosen = HeadDrafter(target, head) if head is not None else drafter
+        decoder = speculative_decoder(target, chosen, draft, gamma=4, kv=kv)
+        turns = decoder.generate(tiny.images(1), TURNS).turns
+        assert turns[0].token_ids == first_turn, kv
+        drafts[kv] = [block.draft for turn in turns for block in turn.blocks]
+        state = decoder.drafter.state if head is not None else decoder.drafter.runner.state
+        keys[kv] = [layer.keys[..., :state.length, :].clone() for layer in state.cache.layers]
+    assert drafts["compiled"] == drafts["static"]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(keys["compiled"], keys["static"], strict=True))
+    role = "head" if head is not None else "draft"
+    assert any(key[:2] == ("chain", 4 if head is not None else 3) for key in compiled_module.LOG.sizes[role])
+
+
 @pytest.mark.parametrize("drafter", ["m", "eagle"])
 def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(tiny_models, drafter):
     """CUDA graphs replay only over buffers dynamo was told never move (``mark_static_address``). A static layer

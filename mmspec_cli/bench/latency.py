@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from mmspec_cli.decoding.kv_state import DynamicKV
+from mmspec_cli.models.parts import with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 
 REMARK_TOLERANCE = 0.05  # TABED App. G: |ΔT/T| < 5%
@@ -150,12 +151,12 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
     prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
     step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
     state = DynamicKV(config=model.config)
-    model(input_ids=prefix, past_key_values=state.cache, use_cache=True, logits_to_keep=1,
+    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,
           position_ids=TEXT_POSITIONS.chain(0, seq, model.device).expand(batch, -1))
     state.wrote(seq)
     positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1)
     return timer.median_ms(
-        run=lambda: model(input_ids=step, past_key_values=state.cache, use_cache=True, logits_to_keep=new_tokens,
+        run=lambda: model(input_ids=step, **with_cache(state.cache), use_cache=True, logits_to_keep=new_tokens,
                           position_ids=positions),
         reset=lambda: state.rollback(seq),
     )
@@ -194,7 +195,7 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
     prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
     step = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
     state = DynamicKV(config=model.config)
-    model(input_ids=prefix, past_key_values=state.cache, use_cache=True, logits_to_keep=1,
+    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,
           position_ids=TEXT_POSITIONS.chain(0, seq, model.device))  # the target's own cache
     state.wrote(seq)
     decoder, head = early_exit_decoder(model, layer, imitation), model.get_output_embeddings()

@@ -13,7 +13,9 @@ the next of :data:`PADDED_SIZES`. The padding continues the positions, and a pre
 that see what the last real row sees and themselves (:func:`pad_mask`). Its keys and values land after
 the real ones and the state's pointer is put back after the real ones
 (:meth:`~mmspec_cli.decoding.kv_state.StaticKV.wrote`), so they are hidden, then overwritten. Chains
-and trees are separate graphs (a tree passes its mask), and so is each state size.
+and trees are separate graphs (a tree passes its mask), and so is each state size. Each graph is a
+function of its own compiled without dynamo's guards: :class:`CompiledStep` picks the graph by shape
+itself, and a call skips the guard checks that cost as much as the demo target's whole step.
 
 **One per model and process.** A model (or head) has one compiled step and one static state per
 purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import sys
 import time
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,14 +46,11 @@ from typing import Any
 import torch
 
 from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
-from mmspec_cli.models.parts import text_decoder
+from mmspec_cli.models.parts import text_decoder, with_cache
 
 #: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
 #: pixels) is the model's own forward; others (a final logit soft-cap, say) would need their own step.
 COMPILED_DECODERS = ("llama", "mistral", "qwen2")
-
-#: Graphs dynamo may keep for the one compiled function (sizes × chain or tree × models; its default is 8).
-RECOMPILE_LIMIT = 64
 
 #: The query lengths a step is padded to; a longer step runs eager. Every length up to 6 is its own size
 #: (γ + 1 for γ ≤ 5, the default's verification, and the shorter blocks near max_new_tokens); a size is
@@ -154,6 +154,68 @@ class StaticPool:
         return self.state, mine
 
 
+class CompiledGraphs:
+    """``fn`` compiled once per key: a graph per step shape, or per chain length (a head's fused chain).
+
+    Each key gets a code object of its own, compiled with no guards at all (``skip_all_guards_unsafe``):
+    dynamo's guards on a decoder, its parameters and a cache object cost about 0.5 ms a call on the demo
+    target, a third of its whole compiled step (docs/BENCHMARKS.md). That is sound because the caller picks
+    the graph by a key that holds everything a trace specialises on that can differ between its calls (for a
+    step: the padded size, a mask or none, the state's capacity, batch, layers and cache class, the inputs'
+    dtype and rank); everything else a graph reads (keys, values, write pointers, positions, weights) is a
+    tensor, read afresh at every call.
+
+    A failure while compiling or running a graph turns every later call into None (the caller runs eager),
+    with one line on stderr; ``partner`` (a model's step, for its greedy chain) shares it both ways, so a
+    model whose graphs can't be built is named once and runs eager.
+    """
+
+    def __init__(self, fn: Callable, role: str, device: torch.device, partner: "CompiledGraphs | None" = None):
+        self.role = role
+        self._failure: list[str | None] = partner._failure if partner is not None else [None]
+        self._eager = fn
+        self.device = device
+        self._graphs: dict[tuple, Callable] = {}
+        self._traced: set[tuple] = set()  # keys whose first call compiled their graph (counted in LOG)
+
+    @property
+    def failed(self) -> str | None:
+        """Why compiling failed (every later call runs eager), or None."""
+        return self._failure[0]
+
+    def _graph(self, key: tuple) -> Callable:
+        graph = self._graphs.get(key)
+        if graph is None:
+            eager = self._eager
+            code = eager.__code__.replace(co_name=f"{eager.__name__}_{len(self._graphs)}")
+            fn = types.FunctionType(code, eager.__globals__, code.co_name, eager.__defaults__, eager.__closure__)
+            options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+            if self.device.type == "cuda":
+                graph = torch.compile(fn, dynamic=False, mode="reduce-overhead", options=options)
+            else:
+                graph = torch.compile(fn, dynamic=False, options={**options, "cpp_wrapper": True})
+            self._graphs[key] = graph
+        return graph
+
+    def __call__(self, key: tuple, *args: Any) -> tuple[torch.Tensor, ...] | None:
+        """The graph of ``key`` run on ``args``, or None when compiling failed (now or before)."""
+        if self.failed:
+            return None
+        start = time.perf_counter()
+        try:
+            outputs = self._graph(key)(*args)
+        except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
+            LOG.spent(self.role, time.perf_counter() - start)
+            self._failure[0] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            print(f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on",
+                  file=sys.stderr)
+            return None
+        if key not in self._traced:
+            self._traced.add(key)
+            LOG.add(self.role, key, time.perf_counter() - start)
+        return outputs
+
+
 class CompiledStep:
     """``fn(inputs, position_ids, attention_mask, cache)`` -> a tuple of (B, n, ...) tensors, compiled once per
     padded size (and chain or tree, and state): the short steps a decoding loop repeats over a static state.
@@ -164,15 +226,13 @@ class CompiledStep:
 
     def __init__(self, fn: Callable, role: str, device: torch.device):
         self.role = role
-        self.failed: str | None = None
         self._eager = fn
-        self._seen: set[tuple] = set()
-        # dynamo counts graphs per code object: one per size, chain or tree, and state, for every model using it
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        if device.type == "cuda":
-            self._compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead")
-        else:
-            self._compiled = torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
+        self.graphs = CompiledGraphs(fn, role, device)
+
+    @property
+    def failed(self) -> str | None:
+        """Why compiling failed (every later step runs eager), or None."""
+        return self.graphs.failed
 
     def __call__(self, state: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
                  mask: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
@@ -190,10 +250,11 @@ class CompiledStep:
             if mask is not None:
                 mask = pad_mask(mask, state.length, pad)
         state.room_for(size)
-        # contiguous: a slice's strides (batched rows' positions) would make dynamo compile again for each
+        # contiguous: a graph runs with the strides it was compiled for (batched rows' positions are slices)
         inputs, positions = inputs.contiguous(), positions.contiguous()
         mask = None if mask is None else mask.contiguous()
-        shape = (size, mask is not None, state.capacity, inputs.shape[0])  # a grown state is a new graph
+        shape = (size, mask is not None, state.capacity, inputs.shape[0],  # a grown state is a new graph
+                 inputs.dtype, inputs.dim(), len(state.cache.layers), type(state.cache))
         if not all(layer.is_initialized for layer in state.cache.layers):
             # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
             # traces: buffers first written inside a graph would make CUDA graphs skip every step ("mutated inputs").
@@ -201,19 +262,10 @@ class CompiledStep:
             outputs = self._eager(inputs, positions, mask, state.cache)
             state.wrote(size, kept=n)
             return tuple(out[:, :n] for out in outputs)
-        start = time.perf_counter()
-        try:
-            outputs = self._compiled(inputs, positions, mask, state.cache)
-        except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
-            LOG.spent(self.role, time.perf_counter() - start)
-            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            print(f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on",
-                  file=sys.stderr)
+        outputs = self.graphs(shape, inputs, positions, mask, state.cache)
+        if outputs is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
-        if shape not in self._seen:
-            self._seen.add(shape)
-            LOG.add(self.role, shape, time.perf_counter() - start)
         state.wrote(size, kept=n)
         return tuple(out[:, :n].clone() for out in outputs)  # a CUDA graph's outputs are overwritten by its next replay
 
@@ -241,7 +293,7 @@ def static_pool(module: Any, purpose: str = "cached") -> StaticPool:
     return pools[purpose]
 
 
-_STEPS: "weakref.WeakKeyDictionary[Any, dict[str, CompiledStep]]" = weakref.WeakKeyDictionary()
+_STEPS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
 
 
 def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, device: torch.device) -> CompiledStep:
@@ -252,6 +304,16 @@ def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, 
     if name not in steps:
         steps[name] = CompiledStep(make(), role, device)
     return steps[name]
+
+
+def shared_chain(owner: Any, step: CompiledStep, make: Callable[[], Callable]) -> CompiledGraphs:
+    """The one greedy chain of ``owner`` in this process (:class:`CompiledGraphs` over the function ``make()``
+    builds, under the rules of :func:`shared_step`), sharing ``step``'s failure: a model or head whose step can't be
+    compiled drafts its chains step by step, eager, and is named once."""
+    steps = _STEPS.setdefault(owner, {})
+    if "greedy chain" not in steps:
+        steps["greedy chain"] = CompiledGraphs(make(), step.role, step.graphs.device, partner=step.graphs)
+    return steps["greedy chain"]
 
 
 def compiled_forward(model: Any, role: str) -> CompiledStep:
@@ -266,9 +328,34 @@ def compiled_forward(model: Any, role: str) -> CompiledStep:
         def forward(input_ids, position_ids, attention_mask, cache):
             embeds = embed(input_ids)
             hidden = decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
-                             past_key_values=cache, use_cache=True).last_hidden_state
+                             **with_cache(cache), use_cache=True).last_hidden_state
             return lm_head(hidden), embeds, hidden
 
         return forward
 
     return shared_step(model, "forward", make, role, model.device)
+
+
+def compiled_greedy_chain(model: Any, role: str) -> CompiledGraphs:
+    """The one compiled greedy chain of ``model`` in this process: ``chain(token, positions, cache, steps, vocab)``
+    feeds ``token`` (1, 1), takes the argmax of the first ``vocab`` logits as the next token, feeds it, and so on
+    for ``steps`` forwards, over a static state, in ONE graph per ``steps``; it returns the (steps,) tokens. This is
+    a draft model's greedy chain (``m``, ``t``) after its first token, which the catch-up's forward gives; step by
+    step, each token costs a compiled call and an argmax of its own. ``positions`` (1, steps) or M-RoPE's
+    (3, 1, steps) are the chain's. Like :func:`compiled_forward`, it holds the model's parts only."""
+
+    def make() -> Callable:
+        decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
+
+        def chain(token, positions, cache, steps, vocab):
+            tokens = []
+            for step in range(steps):
+                hidden = decoder(inputs_embeds=embed(token), position_ids=positions[..., step:step + 1],
+                                 **with_cache(cache), use_cache=True).last_hidden_state
+                token = lm_head(hidden)[..., :vocab].argmax(-1)  # (1, 1)
+                tokens.append(token)
+            return (torch.cat(tokens, dim=-1)[0],)
+
+        return chain
+
+    return shared_chain(model, compiled_forward(model, role), make)

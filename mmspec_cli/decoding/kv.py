@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import CompiledStep, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward, compiled_greedy_chain, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
 from mmspec_cli.models.families import family_of
+from mmspec_cli.models.parts import with_cache
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -86,6 +87,7 @@ class CachedModel:
         self.images_end = 0  # one past the last image placeholder the state holds with its pixels
         self.images_count = 0  # how many images the state holds
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
+        self.chain: CompiledGraphs | None = compiled_greedy_chain(model, role) if kv == "compiled" else None
         self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
@@ -182,7 +184,7 @@ class CachedModel:
             return logits  # (n, V)
         state.room_for(len(nodes))
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=state.cache, use_cache=True, logits_to_keep=0)
+                         **with_cache(state.cache), use_cache=True, logits_to_keep=0)
         state.wrote(len(nodes))
         if self.features is not None:
             self.features.hold_tree()
@@ -251,6 +253,31 @@ class CachedModel:
             self.images_end, self.images_count = images_end, self.family.image_count(self.vision)
         return torch.cat([p for p in parts if p is not None])  # (keep, V)
 
+    @torch.inference_mode()
+    def greedy_chain(self, token: int, steps: int, vocab: int) -> list[int] | None:
+        """Feed ``token`` after the held ids and ``steps`` − 1 more, each the argmax of the first ``vocab`` logits of
+        the one before (a draft whose vocabulary is longer than the target's is cut to the target's), in ONE
+        compiled graph (:func:`~mmspec_cli.decoding.compiled.compiled_greedy_chain`); the
+        ``steps`` tokens it chose, the last one not fed. None (nothing fed) when it can't: not compiled, a draft
+        head's features kept, a tree pending, or compiling failed; the caller then drafts step by step."""
+        if self.chain is None or self.features is not None or self.tree is not None or steps < 1:
+            return None
+        state = self._claim()
+        if not all(layer.is_initialized for layer in state.cache.layers):
+            return None
+        state.room_for(steps)
+        positions = self.positions.chain(state.length, steps, self.device).contiguous()  # (1, steps), or (3, 1, steps)
+        token_ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        key = ("chain", steps, vocab, state.capacity, positions.dim(), len(state.cache.layers), type(state.cache))
+        out = self.chain(key, token_ids, positions, state.cache, steps, vocab)
+        if out is None:
+            state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
+            return None
+        tokens = out[0].tolist()
+        state.wrote(steps)  # the graph moved the write pointers itself
+        self.ids = self.ids + [token] + tokens[:-1]
+        return tokens
+
     def _images_after(self, ids: Sequence[int], reuse: int, prompt_len: int,
                       vision: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The tensors of the images whose placeholders lie after the ``reuse`` held ids, when everything before
@@ -299,7 +326,7 @@ class CachedModel:
             out = self.model(
                 input_ids=input_ids,
                 position_ids=positions,
-                past_key_values=state.cache,
+                **with_cache(state.cache),
                 use_cache=True,
                 logits_to_keep=max(wanted, 1),  # 0 would mean "all positions" to transformers
                 **{k: to_model(v, self.model) for k, v in images.items()},

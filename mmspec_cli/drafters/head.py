@@ -22,20 +22,20 @@ target's features, so ``tabed:mv`` is refused (:mod:`.registry`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from mmspec_cli.decoding.drafter import Draft, Drafter
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.compiled import CompiledStep, shared_step, static_pool
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, shared_chain, shared_step, static_pool
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafting
-from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence, layer_step
+from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, layer_step
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process
 
@@ -54,6 +54,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         self.prefilled = False
         self.kv = "dynamic"  # the target's kind (bind_target): static and compiled when the target's is
         self.compiled: CompiledStep | None = None
+        self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (greedy_chain)
         self._reset_head()
 
     def _reset_head(self) -> None:
@@ -84,6 +85,8 @@ class HeadDrafter(TreeDrafting, Drafter):
             layer, rotary = self.head.layers[0], self.head.rotary  # its parts: the registry's key stays collectable
             self.compiled = shared_step(self.head, "body", lambda: lambda inputs, positions, mask, cache: (
                 layer_step(layer, rotary, inputs, positions, mask, cache),), "head", self.device) \
+                if self.kv == "compiled" else None
+            self.chain = shared_chain(self.head, self.compiled, lambda: greedy_chain(self.head)) \
                 if self.kv == "compiled" else None
             self._reset_head()
 
@@ -161,6 +164,10 @@ class HeadDrafter(TreeDrafting, Drafter):
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         verified = self._catch_up(generated)
         base, position = self.entries, len(verified) - 1
+        if self.chain is not None and picker.greedy and self.state.cache.layers[0].is_initialized:
+            tokens = self._compiled_chain(gamma, position)
+            if tokens is not None:
+                return Draft(tokens=tokens, probs=None)
         h = self.last_h
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
@@ -176,6 +183,19 @@ class HeadDrafter(TreeDrafting, Drafter):
                               causal_mask(1, seen, h.dtype, self.device))[-1]
         self.state.rollback(base)  # drafted entries go: the next catch-up feeds the target's features
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+
+    def _compiled_chain(self, gamma: int, position: int) -> list[int] | None:
+        """A greedy chain of ``gamma`` tokens in ONE compiled graph (:func:`greedy_chain`), or None when compiling
+        failed (the caller drafts step by step)."""
+        state, lm_head = self.state, self.lm_head
+        base = state.length
+        state.room_for(gamma)
+        positions = torch.arange(position, position + gamma - 1, device=self.device)[None]
+        glob = None if self.glob is None else self.glob[None]
+        key = ("chain", gamma, glob is None, state.capacity, self.last_h.dtype, lm_head.bias is None)
+        out = self.chain(key, self.last_h[None], glob, positions, lm_head.weight, lm_head.bias, state.cache, gamma)
+        state.rollback(base)  # the graph wrote γ − 1 entries: they go, as in the step-by-step chain
+        return None if out is None else out[0].tolist()
 
     # ------------------------------------------------------------------ trees (tree_drafting)
 
@@ -200,3 +220,30 @@ class HeadDrafter(TreeDrafting, Drafter):
     def tree_done(self) -> None:
         self._tree.drop(self.state)
         self._outputs = []
+
+
+def greedy_chain(head: DraftHead) -> Callable:
+    """The step-by-step greedy chain of :meth:`HeadDrafter.propose` as one function of the head's parts, for one
+    compiled graph per chain length (``steps``): ``lm_head(h)``'s argmax is the next token; the pair (h, e_token)
+    is fed at the next position into the head's static cache, seeing every entry before it (the mask the eager
+    chain builds, from the cache's write pointer), and its output is the next h. Eager, each draft token costs
+    an embedding, ``fc``, the layer's graph, the LM head and an argmax, each a call of its own; in one graph the
+    head's chain costs about what one of those calls did (docs/BENCHMARKS.md)."""
+    embed, fc, img_fc = head.embed_tokens, head.fc, head.img_fc if head.sees_images else None
+    layer, rotary = head.layers[0], head.rotary
+
+    def chain(h, glob, positions, lm_weight, lm_bias, cache, steps):
+        tokens = []
+        for step in range(steps):
+            token = torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias).argmax(-1)  # (1,)
+            tokens.append(token)
+            if step == steps - 1:
+                break
+            written = cache.layers[0]
+            hidden = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
+            mask = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device).masked_fill(hidden, torch.finfo(h.dtype).min)
+            inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
+            h = layer_step(layer, rotary, inputs[None], positions[:, step:step + 1], mask[None, None, None], cache)[0]
+        return (torch.cat(tokens),)
+
+    return chain

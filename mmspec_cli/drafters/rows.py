@@ -34,6 +34,7 @@ from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.families import family_of
+from mmspec_cli.models.parts import with_cache
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ class BatchedRows:
             if compiled is not None:
                 return compiled[0][:, -1]
         state.room_for(fresh)
-        out = self.model(attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+        out = self.model(attention_mask=mask, position_ids=positions, **with_cache(state.cache),
                          use_cache=True, logits_to_keep=1, **inputs)
         state.wrote(fresh)
         return out.logits[:, -1]
@@ -322,7 +323,7 @@ class BatchedRows:
         if compiled is not None:
             return compiled[0]  # (B, n, V)
         state.room_for(len(nodes))
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=state.cache,
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(state.cache),
                          use_cache=True, logits_to_keep=0)
         state.wrote(len(nodes))
         return out.logits  # (B, n, V)

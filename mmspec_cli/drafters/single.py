@@ -81,7 +81,12 @@ class SingleModelDrafter(TreeDrafting, Drafter):
         ids = self.prompt.ids + list(generated)
         tokens: list[int] = []
         dists: list[torch.Tensor] = []
-        for _ in range(gamma):
+        while len(tokens) < gamma:
+            if tokens and picker.greedy:  # compiled: the rest of a greedy chain in one graph
+                more = self.runner.greedy_chain(tokens[-1], gamma - len(tokens), self.target_vocab)
+                if more is not None:
+                    tokens += more
+                    break
             logits = self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1]
             logits = fit_vocab(logits, self.target_vocab)  # (V,)
             token, probs = picker.choose(logits)

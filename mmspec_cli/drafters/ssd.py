@@ -41,7 +41,7 @@ import torch
 
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.parts import text_decoder
+from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.decoding.drafter import Draft, Drafter
@@ -109,7 +109,7 @@ def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, state: KV
     one draft step of ``ssd``, which ``profile-latency`` times."""
     if position_ids is None:
         position_ids = TEXT_POSITIONS.chain(state.length, ids.shape[1], ids.device)
-    hidden = decoder(input_ids=ids, past_key_values=state.cache, use_cache=True, position_ids=position_ids,
+    hidden = decoder(input_ids=ids, **with_cache(state.cache), use_cache=True, position_ids=position_ids,
                      attention_mask=attention_mask).last_hidden_state  # (1, n, H)
     state.wrote(ids.shape[1])
     return head(hidden[0])  # (n, V)
@@ -142,7 +142,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
 
             def make():
                 def early_exit(ids, positions, mask, cache):
-                    hidden = decoder(input_ids=ids, past_key_values=cache, use_cache=True, position_ids=positions,
+                    hidden = decoder(input_ids=ids, **with_cache(cache), use_cache=True, position_ids=positions,
                                      attention_mask=mask).last_hidden_state
                     return (head(hidden),)
                 return early_exit

@@ -33,6 +33,8 @@ from transformers import LlamaConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
+from mmspec_cli.models.parts import with_cache
+
 HEAD_KINDS = ("eagle", "vispec")
 DEFAULT_NUM_Q = 2  # ViSpec's code (the paper says 1); published checkpoints don't store it
 #: LlamaConfig keys a Qwen2 layer has no use for (its q/k/v biases are fixed, o has none, the MLP has none)
@@ -116,10 +118,7 @@ class DraftHead(nn.Module):
 
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor, glob: torch.Tensor | None) -> torch.Tensor:
         """The layer input of text pairs: ``fc(cat(e, f))``, or ``fc(cat(e, img_fc(cat(f, g))))`` (vispec)."""
-        if self.sees_images:
-            g = torch.zeros_like(features) if glob is None else glob.expand_as(features)
-            features = self.img_fc(torch.cat([features, g], dim=-1))
-        return self.fc(torch.cat([embeds, features], dim=-1))
+        return fuse(self.fc, self.img_fc if self.sees_images else None, embeds, features, glob)
 
     def compress(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One image's projector outputs (m, H) -> its compressed tokens (num_q − 1, H) and g (H,)."""
@@ -131,11 +130,21 @@ class DraftHead(nn.Module):
         return layer_step(self.layers[0], self.rotary, inputs, positions, mask, cache)
 
 
+def fuse(fc: nn.Module, img_fc: nn.Module | None, embeds: torch.Tensor, features: torch.Tensor,
+         glob: torch.Tensor | None) -> torch.Tensor:
+    """:meth:`DraftHead.fuse` from the head's parts (``img_fc`` None for eagle), for a compiled step that must not
+    hold the head itself."""
+    if img_fc is not None:
+        g = torch.zeros_like(features) if glob is None else glob.expand_as(features)
+        features = img_fc(torch.cat([features, g], dim=-1))
+    return fc(torch.cat([embeds, features], dim=-1))
+
+
 def layer_step(layer: nn.Module, rotary: nn.Module, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                cache=None) -> torch.Tensor:
     """A head's decoder ``layer`` with its ``rotary`` embedding over (B, n, H) inputs (:meth:`DraftHead.body`)."""
     rope = rotary(inputs, positions)
-    return layer(inputs, attention_mask=mask, position_ids=positions, past_key_values=cache,
+    return layer(inputs, attention_mask=mask, position_ids=positions, **with_cache(cache),
                  use_cache=cache is not None, position_embeddings=rope)
 
 

@@ -49,6 +49,7 @@ from mmspec_cli.models.prompts import ModelPrompt, process, render_prompt, short
 from mmspec_cli.models.target_identity import canonical_name
 from mmspec_cli.training.corpus import Conversation
 from mmspec_cli.models.writing import WriteFailed, append_durably
+from mmspec_cli.models.parts import with_cache
 
 LONG_ANSWER_SUFFIX = "Please answer with at least 1000 words."  # ViSpec's data generation prompt
 DEFAULT_TEMPERATURE = 1.0  # sampled, as ViSpec §4.3 argues (its released script decodes greedily)
@@ -194,7 +195,7 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
     positions, _ = family_of(model).batch_positions(model, [(p.ids, p.vision) for p in prompts], width,
                                                     device)  # (B, L), or (3, B, L) for M-RoPE
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
                    use_cache=True, logits_to_keep=1, **vision).logits[:, -1]
     answers: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
@@ -213,7 +214,7 @@ def sample_batch(target: LoadedModel, prompts: Sequence[ModelPrompt], temperatur
         mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=1)
         positions = positions[..., -1:] + 1  # the next position of each row, on every axis
         logits = model(input_ids=tokens[:, None].to(device), attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+                       **with_cache(cache), use_cache=True).logits[:, -1]
     return answers
 
 

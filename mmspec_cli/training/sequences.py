@@ -31,6 +31,7 @@ from mmspec_cli.models.families import family_of
 from mmspec_cli.models.prompts import ModelPrompt, process
 from mmspec_cli.training.answers import Answer
 from mmspec_cli.training.corpus import Conversation
+from mmspec_cli.models.parts import with_cache
 
 DEFAULT_BUDGET = 2 << 30  # bytes of features kept in memory
 
@@ -90,7 +91,7 @@ def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any], None],
     for ids, pixels, at in ((prompt.ids, vision, positions), (answer, {}, after)):
         if ids:
             on_forward(model(input_ids=torch.tensor([ids], device=model.device), position_ids=at,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1, **pixels, **kwargs))
+                             **with_cache(cache), use_cache=True, logits_to_keep=1, **pixels, **kwargs))
     return prompt
 
 
