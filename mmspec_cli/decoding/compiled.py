@@ -14,8 +14,9 @@ that see what the last real row sees and themselves (:func:`pad_mask`). Its keys
 the real ones and the state's pointer is put back after the real ones
 (:meth:`~mmspec_cli.decoding.kv_state.StaticKV.wrote`), so they are hidden, then overwritten. Chains
 and trees are separate graphs (a tree passes its mask), and so is each state size. Each graph is a
-function of its own compiled without dynamo's guards: :class:`CompiledStep` picks the graph by shape
-itself, and a call skips the guard checks that cost as much as the demo target's whole step.
+function of its own compiled without dynamo's guards (:class:`CompiledGraphs`): :class:`CompiledStep`
+picks the graph by shape itself, and a call skips the guard checks, which cost about a third of the demo
+target's compiled step. A greedy chain is one graph too (:func:`compiled_greedy_chain`, a head's chain).
 
 **One per model and process.** A model (or head) has one compiled step and one static state per
 purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
@@ -155,7 +156,7 @@ class StaticPool:
 
 
 class CompiledGraphs:
-    """``fn`` compiled once per key: a graph per step shape, or per chain length (a head's fused chain).
+    """``fn`` compiled once per key: a graph per step shape, or per length of a greedy chain.
 
     Each key gets a code object of its own, compiled with no guards at all (``skip_all_guards_unsafe``):
     dynamo's guards on a decoder, its parameters and a cache object cost about 0.5 ms a call on the demo

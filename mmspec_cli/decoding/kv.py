@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward, compiled_greedy_chain, static_pool
+from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, compiled_forward, compiled_greedy_chain,
+                                          static_pool)
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree

@@ -226,9 +226,9 @@ def greedy_chain(head: DraftHead) -> Callable:
     """The step-by-step greedy chain of :meth:`HeadDrafter.propose` as one function of the head's parts, for one
     compiled graph per chain length (``steps``): ``lm_head(h)``'s argmax is the next token; the pair (h, e_token)
     is fed at the next position into the head's static cache, seeing every entry before it (the mask the eager
-    chain builds, from the cache's write pointer), and its output is the next h. Eager, each draft token costs
-    an embedding, ``fc``, the layer's graph, the LM head and an argmax, each a call of its own; in one graph the
-    head's chain costs about what one of those calls did (docs/BENCHMARKS.md)."""
+    chain builds, from the cache's write pointer), and its output is the next h. Step by step, each draft token
+    costs an embedding, ``fc``, the layer's graph, the LM head and an argmax, each a call of its own; here a
+    block's chain is one call (docs/BENCHMARKS.md, "Compiled decoding")."""
     embed, fc, img_fc = head.embed_tokens, head.fc, head.img_fc if head.sees_images else None
     layer, rotary = head.layers[0], head.rotary
 
@@ -241,7 +241,8 @@ def greedy_chain(head: DraftHead) -> Callable:
                 break
             written = cache.layers[0]
             hidden = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
-            mask = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device).masked_fill(hidden, torch.finfo(h.dtype).min)
+            mask = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device)
+            mask = mask.masked_fill(hidden, torch.finfo(h.dtype).min)
             inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
             h = layer_step(layer, rotary, inputs[None], positions[:, step:step + 1], mask[None, None, None], cache)[0]
         return (torch.cat(tokens),)
