@@ -53,6 +53,10 @@ from mmspec_cli.models.parts import text_decoder, with_cache
 #: pixels) is the model's own forward; others (a final logit soft-cap, say) would need their own step.
 COMPILED_DECODERS = ("llama", "mistral", "qwen2")
 
+#: dynamo's filter that drops every guard of a graph (torch 2.8 and later; an older torch keeps its guards, which
+#: costs time a call, not correctness).
+SKIP_GUARDS = getattr(torch.compiler, "skip_all_guards_unsafe", None)
+
 #: The query lengths a step is padded to; a longer step runs eager. Every length up to 6 is its own size
 #: (γ + 1 for γ ≤ 5, the default's verification, and the shorter blocks near max_new_tokens); a size is
 #: compiled the first time a step needs it.
@@ -190,7 +194,7 @@ class CompiledGraphs:
             eager = self._eager
             code = eager.__code__.replace(co_name=f"{eager.__name__}_{len(self._graphs)}")
             fn = types.FunctionType(code, eager.__globals__, code.co_name, eager.__defaults__, eager.__closure__)
-            options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+            options: dict[str, Any] = {"guard_filter_fn": SKIP_GUARDS} if SKIP_GUARDS is not None else {}
             if self.device.type == "cuda":
                 graph = torch.compile(fn, dynamic=False, mode="reduce-overhead", options=options)
             else:
