@@ -261,10 +261,12 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(tiny_mode
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
 
-@pytest.mark.parametrize("drafter", ["m", "t", "eagle", "vispec"])
+@pytest.mark.parametrize("drafter", ["m", "t", "tabed", "eagle", "vispec"])
 def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(tiny_models, first_turn, drafter):
-    """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``) and a head's whole
-    greedy chain (``greedy_chain``) are ONE graph each: every block's draft equals the eager step-by-step chain's
+    """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``), a batch of member
+    rows' mixed chain after its first token (``rows.mixture_chain``, ``tabed``) and a head's whole greedy chain
+    (``greedy_chain``) are ONE graph each: every block's draft (and ``tabed``'s weights, chosen from the member
+    distributions the chain returns) equals the eager step-by-step chain's
     over the same static state, over two turns, and the keys the draft's state holds at the end (rotated by the
     positions each entry was fed at) are the eager chain's: so the graphs' masks, positions, vocabulary cut and
     the state they leave are the eager chain's. The target's output is its own."""
@@ -276,9 +278,12 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
         decoder = speculative_decoder(target, chosen, draft, gamma=4, kv=kv)
         turns = decoder.generate(tiny.images(1), TURNS).turns
         assert turns[0].token_ids == first_turn, kv
-        drafts[kv] = [block.draft for turn in turns for block in turn.blocks]
-        state = decoder.drafter.state if head is not None else decoder.drafter.runner.state
-        keys[kv] = [layer.keys[..., :state.length, :].clone() for layer in state.cache.layers]
+        drafts[kv] = [(block.draft, block.weights) for turn in turns for block in turn.blocks]
+        holder = decoder.drafter if head is not None else getattr(decoder.drafter, "rows", None) or decoder.drafter.runner
+        state = holder.state
+        # the real entries: a batch of rows is left-padded, and a padding slot's keys are never attended to
+        real = holder.mask.bool() if hasattr(holder, "mask") else torch.ones(1, state.length, dtype=torch.bool)
+        keys[kv] = [layer.keys[..., :state.length, :].transpose(1, 2)[real].clone() for layer in state.cache.layers]
     assert drafts["compiled"] == drafts["static"]
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(keys["compiled"], keys["static"], strict=True))
     role = "head" if head is not None else "draft"

@@ -311,14 +311,14 @@ def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, 
     return steps[name]
 
 
-def shared_chain(owner: Any, step: CompiledStep, make: Callable[[], Callable]) -> CompiledGraphs:
-    """The one greedy chain of ``owner`` in this process (:class:`CompiledGraphs` over the function ``make()``
-    builds, under the rules of :func:`shared_step`), sharing ``step``'s failure: a model or head whose step can't be
-    compiled drafts its chains step by step, eager, and is named once."""
+def shared_chain(owner: Any, name: str, step: CompiledStep, make: Callable[[], Callable]) -> CompiledGraphs:
+    """The one greedy chain ``name`` of ``owner`` in this process (:class:`CompiledGraphs` over the function
+    ``make()`` builds, under the rules of :func:`shared_step`), sharing ``step``'s failure: a model or head whose step
+    can't be compiled drafts its chains step by step, eager, and is named once."""
     steps = _STEPS.setdefault(owner, {})
-    if "greedy chain" not in steps:
-        steps["greedy chain"] = CompiledGraphs(make(), step.role, step.graphs.device, partner=step.graphs)
-    return steps["greedy chain"]
+    if name not in steps:
+        steps[name] = CompiledGraphs(make(), step.role, step.graphs.device, partner=step.graphs)
+    return steps[name]
 
 
 def compiled_forward(model: Any, role: str) -> CompiledStep:
@@ -363,4 +363,4 @@ def compiled_greedy_chain(model: Any, role: str) -> CompiledGraphs:
 
         return chain
 
-    return shared_chain(model, compiled_forward(model, role), make)
+    return shared_chain(model, "greedy chain", compiled_forward(model, role), make)

@@ -88,7 +88,13 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         shared = self.prefix + list(generated)
         tokens: list[int] = []
         members_q, mixed_q = [], []
-        for _ in range(gamma):
+        while len(tokens) < gamma:
+            if tokens and picker.greedy:  # compiled: the rest of a greedy chain in one graph
+                chained = self.rows.greedy_mixture_chain(tokens[-1], gamma - len(tokens), weights, self.target_vocab)
+                if chained is not None:
+                    tokens += chained[0]
+                    members_q.extend(chained[1].to(members_q[0]))
+                    break
             q_k = member_distributions(fit_vocab(self.rows.logits(shared), self.target_vocab), picker)  # (m, V)
             q = mixture(q_k, weights)  # (V,)
             token = pick(q, picker)

@@ -86,7 +86,7 @@ class HeadDrafter(TreeDrafting, Drafter):
             self.compiled = shared_step(self.head, "body", lambda: lambda inputs, positions, mask, cache: (
                 layer_step(layer, rotary, inputs, positions, mask, cache),), "head", self.device) \
                 if self.kv == "compiled" else None
-            self.chain = shared_chain(self.head, self.compiled, lambda: greedy_chain(self.head)) \
+            self.chain = shared_chain(self.head, "greedy chain", self.compiled, lambda: greedy_chain(self.head)) \
                 if self.kv == "compiled" else None
             self._reset_head()
 

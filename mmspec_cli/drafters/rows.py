@@ -22,19 +22,23 @@ How a row's images enter depends on the draft's family (:mod:`mmspec_cli.models.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from mmspec_cli.decoding.compiled import CompiledStep, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, compiled_forward, shared_chain,
+                                          static_pool)
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.models.families import family_of
-from mmspec_cli.models.parts import with_cache
+from mmspec_cli.models.parts import text_decoder, with_cache
+from mmspec_cli.drafters.single import fit_vocab
+from mmspec_cli.drafters.weights import mixture
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class BatchedRows:
         self.kv = "dynamic"
         self.state: KVState = DynamicKV(config=model.config)
         self.compiled: CompiledStep | None = None
+        self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (mixture_chain)
         self.use_kv(kv)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
@@ -165,6 +170,8 @@ class BatchedRows:
         if kv != self.kv:
             self.kv = kv
             self.compiled = compiled_forward(self.model, "draft") if kv == "compiled" else None
+            self.chain = shared_chain(self.model, "mixture chain", self.compiled, lambda: mixture_chain(self.model)) \
+                if kv == "compiled" else None
             self.heads = []  # the next begin prefills into the new state
 
     def _pool(self, width: int | None = None):
@@ -302,6 +309,40 @@ class BatchedRows:
         self.last_logits = self._forward(len(fresh), input_ids=ids)
         return self.last_logits
 
+    @torch.inference_mode()
+    def greedy_mixture_chain(self, token: int, steps: int, weights: torch.Tensor,
+                             vocab: int) -> tuple[list[int], torch.Tensor] | None:
+        """Feed ``token`` to every row after the shared tokens held, then ``steps`` − 1 more, each the argmax of the
+        rows' distributions over the target's ``vocab`` ids (softmax of ``single.fit_vocab``'s logits, as
+        ``ensemble.member_distributions`` gives them when greedy) mixed with ``weights``, in ONE compiled graph (:func:`mixture_chain`).
+        Returns the ``steps`` tokens chosen (the last not fed) and the member distributions (steps, B, vocab)
+        each was chosen from; None (nothing fed)
+        when it can't: not compiled, a tree pending, the state lost to another batch, or compiling failed."""
+        if self.chain is None or self.tree is not None or steps < 1 or not self._owned():
+            return None
+        state = self.state
+        if not all(layer.is_initialized for layer in state.cache.layers):
+            return None
+        state.room_for(steps)
+        start = self.mask.sum(dim=1, keepdim=True).cpu()  # (B, 1) each row's real positions held
+        positions = self.positions.tree(start, torch.arange(steps)).to(self.model.device).contiguous()
+        visible = torch.zeros(self.width, state.capacity, dtype=torch.bool, device=self.model.device)
+        visible[:, :self.mask.shape[1]] = self.mask.bool()
+        ids = torch.full((self.width, 1), token, dtype=torch.long, device=self.model.device)
+        key = ("chain", steps, vocab, self.width, state.capacity, positions.dim(), weights.dtype)
+        out = self.chain(key, ids, positions, visible, state.cache, weights.to(self.model.device), steps, vocab)
+        if out is None:
+            state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
+            return None
+        tokens = out[0].tolist()
+        state.wrote(steps)  # the graph moved the write pointers itself
+        fed = [token] + tokens[:-1]
+        self.shared = self.shared + fed
+        ones = torch.ones(self.width, steps, dtype=torch.long, device=self.mask.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        self.last_logits = None  # the graph kept no logits: a call asking for the last fed token's re-feeds it
+        return tokens, out[1]
+
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
     @torch.inference_mode()
@@ -344,3 +385,32 @@ class BatchedRows:
         if self.tree is not None:
             self.tree.drop(self.state)
             self.tree = None
+
+
+def mixture_chain(model) -> Callable:
+    """The greedy chain of a batch of member rows (``BatchedRows.greedy_mixture_chain``) as one function of the draft
+    model's parts, for one compiled graph per chain length: every row is fed the same token at its own position,
+    seeing its own unpadded head and the shared tokens (the additive mask the step-by-step rows build, from the
+    padding mask ``visible`` (B, capacity) and the cache's write pointer); the rows' softmax (TABED's q_k at
+    T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`), and its argmax is the next
+    token, for every row."""
+    decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
+
+    def chain(ids, positions, visible, cache, weights, steps, vocab):
+        tokens, member_q = [], []
+        slots = torch.arange(visible.shape[1], device=visible.device)
+        for step in range(steps):
+            visible = visible | (slots == cache.layers[0].cumulative_length)[None]  # the entry this step writes
+            mask = torch.zeros(visible.shape, dtype=lm_head.weight.dtype, device=visible.device)
+            mask = mask.masked_fill(~visible, torch.finfo(mask.dtype).min)[:, None, None, :]  # (B, 1, 1, capacity)
+            hidden = decoder(inputs_embeds=embed(ids), position_ids=positions[..., step:step + 1],
+                             attention_mask=mask, **with_cache(cache), use_cache=True).last_hidden_state
+            logits = fit_vocab(lm_head(hidden)[:, -1], vocab)  # (B, V)
+            q_k = torch.softmax(logits.to(working_dtype(logits)), dim=-1)
+            token = mixture(q_k, weights).argmax()
+            tokens.append(token)
+            member_q.append(q_k)
+            ids = token.expand(ids.shape).contiguous()
+        return torch.stack(tokens), torch.stack(member_q)
+
+    return chain
