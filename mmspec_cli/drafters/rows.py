@@ -32,9 +32,9 @@ from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, compiled
                                           static_pool)
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
+from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
-from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.models.families import family_of
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.drafters.single import fit_vocab
@@ -314,10 +314,10 @@ class BatchedRows:
                              vocab: int) -> tuple[list[int], torch.Tensor] | None:
         """Feed ``token`` to every row after the shared tokens held, then ``steps`` − 1 more, each the argmax of the
         rows' distributions over the target's ``vocab`` ids (softmax of ``single.fit_vocab``'s logits, as
-        ``ensemble.member_distributions`` gives them when greedy) mixed with ``weights``, in ONE compiled graph (:func:`mixture_chain`).
-        Returns the ``steps`` tokens chosen (the last not fed) and the member distributions (steps, B, vocab)
-        each was chosen from; None (nothing fed)
-        when it can't: not compiled, a tree pending, the state lost to another batch, or compiling failed."""
+        ``ensemble.member_distributions`` gives them when greedy) mixed with ``weights``, in ONE compiled graph
+        (:func:`mixture_chain`). Returns the ``steps`` tokens chosen (the last not fed) and the member
+        distributions (steps, B, vocab) each was chosen from; None (nothing fed) when it can't: not compiled, a
+        tree pending, the state lost to another batch, or compiling failed."""
         if self.chain is None or self.tree is not None or steps < 1 or not self._owned():
             return None
         state = self.state
@@ -395,13 +395,14 @@ def mixture_chain(model) -> Callable:
     T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`), and its argmax is the next
     token, for every row."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
+    dtype = model.dtype  # the rows' additive masks are in the model's dtype (additive_step_mask)
 
     def chain(ids, positions, visible, cache, weights, steps, vocab):
         tokens, member_q = [], []
         slots = torch.arange(visible.shape[1], device=visible.device)
         for step in range(steps):
             visible = visible | (slots == cache.layers[0].cumulative_length)[None]  # the entry this step writes
-            mask = torch.zeros(visible.shape, dtype=lm_head.weight.dtype, device=visible.device)
+            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
             mask = mask.masked_fill(~visible, torch.finfo(mask.dtype).min)[:, None, None, :]  # (B, 1, 1, capacity)
             hidden = decoder(inputs_embeds=embed(ids), position_ids=positions[..., step:step + 1],
                              attention_mask=mask, **with_cache(cache), use_cache=True).last_hidden_state
