@@ -260,7 +260,7 @@ class CompiledStep:
         mask = None if mask is None else mask.contiguous()
         shape = (size, mask is not None, state.capacity, inputs.shape[0],  # a grown state is a new graph
                  inputs.dtype, inputs.dim(), len(state.cache.layers), type(state.cache))
-        if not all(layer.is_initialized for layer in state.cache.layers):
+        if not state.allocated:
             # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
             # traces: buffers first written inside a graph would make CUDA graphs skip every step ("mutated inputs").
             # So a state's first write (a head's first pair, say) runs eager, the same function.

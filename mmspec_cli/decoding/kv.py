@@ -264,7 +264,7 @@ class CachedModel:
         if self.chain is None or self.features is not None or self.tree is not None or steps < 1:
             return None
         state = self._claim()
-        if not all(layer.is_initialized for layer in state.cache.layers):
+        if not state.allocated:
             return None
         state.room_for(steps)
         positions = self.positions.chain(state.length, steps, self.device).contiguous()  # (1, steps), or (3, 1, steps)

@@ -78,6 +78,11 @@ class KVState:
     def room_for(self, fed: int) -> None:
         """Make room for ``fed`` more positions before a forward (a dynamic cache grows by itself)."""
 
+    @property
+    def allocated(self) -> bool:
+        """Whether the cache's buffers exist (a dynamic cache makes them as it grows)."""
+        return True
+
     @torch.inference_mode()
     def keep(self, start: int, entries: Sequence[int]) -> None:
         """Hold positions [0, start) followed by ``entries`` (ascending, all >= start): a tree's accepted path."""
@@ -135,6 +140,12 @@ class StaticKV(KVState):
         self.capacity = capacity
         self.parent: StaticKV | None = None  # set on a view: the state whose first layers it looks at
         self._views: dict[int, StaticKV] = {}
+
+    @property
+    def allocated(self) -> bool:
+        """Whether every layer has allocated its buffers (at its first write); a compiled graph writes only into
+        allocated ones (:class:`~mmspec_cli.decoding.compiled.CompiledStep`)."""
+        return all(layer.is_initialized for layer in self.cache.layers)
 
     @staticmethod
     def supports(config) -> bool:

@@ -164,7 +164,7 @@ class HeadDrafter(TreeDrafting, Drafter):
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         verified = self._catch_up(generated)
         base, position = self.entries, len(verified) - 1
-        if self.chain is not None and picker.greedy and self.state.cache.layers[0].is_initialized:
+        if self.chain is not None and picker.greedy and self.state.allocated:
             tokens = self._compiled_chain(gamma, position)
             if tokens is not None:
                 return Draft(tokens=tokens, probs=None)

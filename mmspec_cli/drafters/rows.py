@@ -321,7 +321,7 @@ class BatchedRows:
         if self.chain is None or self.tree is not None or steps < 1 or not self._owned():
             return None
         state = self.state
-        if not all(layer.is_initialized for layer in state.cache.layers):
+        if not state.allocated:
             return None
         state.room_for(steps)
         start = self.mask.sum(dim=1, keepdim=True).cpu()  # (B, 1) each row's real positions held
