@@ -164,7 +164,7 @@ class HeadDrafter(TreeDrafting, Drafter):
     def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
         verified = self._catch_up(generated)
         base, position = self.entries, len(verified) - 1
-        if self.chain is not None and picker.greedy and self.state.allocated:
+        if self.chain is not None and picker.greedy:
             tokens = self._compiled_chain(gamma, position)
             if tokens is not None:
                 return Draft(tokens=tokens, probs=None)
@@ -185,9 +185,11 @@ class HeadDrafter(TreeDrafting, Drafter):
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
 
     def _compiled_chain(self, gamma: int, position: int) -> list[int] | None:
-        """A greedy chain of ``gamma`` tokens in ONE compiled graph (:func:`greedy_chain`), or None when compiling
-        failed (the caller drafts step by step)."""
+        """A greedy chain of ``gamma`` tokens in ONE compiled graph (:func:`greedy_chain`), or None when it can't (the
+        head's cache not allocated yet, or compiling failed; the caller drafts step by step)."""
         state, lm_head = self.state, self.lm_head
+        if not state.allocated:
+            return None
         base = state.length
         state.room_for(gamma)
         positions = torch.arange(position, position + gamma - 1, device=self.device)[None]
@@ -240,9 +242,9 @@ def greedy_chain(head: DraftHead) -> Callable:
             if step == steps - 1:
                 break
             written = cache.layers[0]
-            hidden = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
-            mask = torch.zeros(hidden.shape, dtype=h.dtype, device=h.device)
-            mask = mask.masked_fill(hidden, torch.finfo(h.dtype).min)
+            unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
+            mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
+            mask = mask.masked_fill(unwritten, torch.finfo(h.dtype).min)
             inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
             h = layer_step(layer, rotary, inputs[None], positions[:, step:step + 1], mask[None, None, None], cache)[0]
         return (torch.cat(tokens),)
