@@ -307,6 +307,18 @@ def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(tiny_mod
             assert getattr(layer.cumulative_length, "_dynamo_static_input_type", None) is not None, owner
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_steps_graph_is_built_with_options_torch_compile_accepts(device):
+    """``torch.compile`` refuses a ``mode`` given with ``options`` when it is called, which here is at a step's
+    first call, inside the fall-back: on an H100 every CUDA step ran eager with a warning, and no CPU run showed
+    it. Building a graph for a CUDA device needs no GPU, so it is checked here."""
+    graphs = compiled_module.CompiledGraphs(lambda x: x + 1, "target", torch.device(device))
+    graphs._graph(("size", 1))  # raises if torch.compile refuses its arguments
+    options = compiled_module.compile_options(torch.device(device))
+    assert options.get("triton.cudagraphs") is (True if device == "cuda" else None)
+    assert options.get("cpp_wrapper") is (None if device == "cuda" else True)
+
+
 def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(tiny_models, joint, monkeypatch):
     """``t``, γ = 2, compiled: the first two tokens of ENGINE_RUNS seeded runs against the target's exact joint.
     Accepting every draft token (a wrong rule) on the same path must fail the same test."""

@@ -24,8 +24,8 @@ decoder of a process (``bench`` and ``compare`` build many) reuses the graphs; a
 the state used by another since feeds its prompt again.
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
-models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (``mode="reduce-overhead"``; not run here: no GPU
-was available). Inductor keeps what it compiled on disk (:func:`inductor_cache_dir`), so a second
+models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
+:func:`compile_options`; run on an H100, docs/BENCHMARKS.md). Inductor keeps what it compiled on disk (:func:`inductor_cache_dir`), so a second
 process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
 
 **Failures.** :func:`compile_blocker` says why a model can't be compiled before anything runs (no
@@ -61,6 +61,18 @@ SKIP_GUARDS = getattr(torch.compiler, "skip_all_guards_unsafe", None)
 #: (γ + 1 for γ ≤ 5, the default's verification, and the shorter blocks near max_new_tokens); a size is
 #: compiled the first time a step needs it.
 PADDED_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, MAX_STEP)
+
+
+#: What ``mode="reduce-overhead"`` sets (CUDA graphs), as options: ``torch.compile`` takes a mode or options, not both.
+CUDA_GRAPHS = {"triton.cudagraphs": True}
+
+
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """``torch.compile``'s inductor options for a step on ``device``: no guards (where torch has the filter), and
+    the C++ wrapper on CPU or CUDA graphs on CUDA. Options only: ``torch.compile`` refuses a ``mode`` given with
+    ``options`` (a first CUDA run found every step falling back to eager for it)."""
+    options: dict[str, Any] = {"guard_filter_fn": SKIP_GUARDS} if SKIP_GUARDS is not None else {}
+    return {**options, **(CUDA_GRAPHS if device.type == "cuda" else {"cpp_wrapper": True})}
 
 
 def padded_size(n: int) -> int | None:
@@ -194,11 +206,7 @@ class CompiledGraphs:
             eager = self._eager
             code = eager.__code__.replace(co_name=f"{eager.__name__}_{len(self._graphs)}")
             fn = types.FunctionType(code, eager.__globals__, code.co_name, eager.__defaults__, eager.__closure__)
-            options: dict[str, Any] = {"guard_filter_fn": SKIP_GUARDS} if SKIP_GUARDS is not None else {}
-            if self.device.type == "cuda":
-                graph = torch.compile(fn, dynamic=False, mode="reduce-overhead", options=options)
-            else:
-                graph = torch.compile(fn, dynamic=False, options={**options, "cpp_wrapper": True})
+            graph = torch.compile(fn, dynamic=False, options=compile_options(self.device))
             self._graphs[key] = graph
         return graph
 

@@ -341,7 +341,7 @@ class BatchedRows:
         ones = torch.ones(self.width, steps, dtype=torch.long, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
         self.last_logits = None  # the graph kept no logits: a call asking for the last fed token's re-feeds it
-        return tokens, out[1]
+        return tokens, out[1].clone()  # a CUDA graph's outputs are overwritten by its next replay
 
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
