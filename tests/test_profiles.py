@@ -195,10 +195,19 @@ def test_decoding_refusals(key, value, fragment):
         ("trust_remote_code", "yes", 'target.trust_remote_code: expected true or false, got "yes"'),
         ("trust_remote_code", 1, "target.trust_remote_code: expected true or false, got 1"),
         ("revision", 3, "target.revision: expected a non-empty string, got 3"),
+        ("min_pixels", 0, "target.min_pixels: expected an integer >= 1, got 0"),
+        ("max_pixels", "1e6", 'target.max_pixels: expected an integer >= 1, got "1e6"'),
     ],
 )
 def test_model_refusals(key, value, fragment):
     refused(with_target(**{key: value}), fragment)
+
+
+def test_pixel_bounds_parse_and_min_above_max_is_refused():
+    assert profile_from_dict(with_target(min_pixels=3136, max_pixels=1003520)).target.max_pixels == 1003520
+    assert profile_from_dict(with_target()).target.min_pixels is None  # the model's own defaults
+    refused(with_target(min_pixels=5000, max_pixels=4000),
+            "target.min_pixels (5000) is larger than max_pixels (4000); set min_pixels to at most max_pixels")
 
 
 def test_draft_section_checked_too():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from PIL import Image
 from transformers.utils import is_torchvision_available
 
 from mmspec_cli.decoding.engine import SpeculativeDecoder
@@ -20,7 +21,8 @@ from mmspec_cli.drafters import build_drafter
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models import families
-from mmspec_cli.models.loading import check_compatible
+from mmspec_cli.models.loading import check_compatible, load_model
+from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt, text_only_ids
 from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
@@ -311,6 +313,36 @@ def test_pooled_rows_are_refused_for_a_qwen_draft(qwen):
     models = qwen["qwen2_vl"]
     with pytest.raises(ModelLoadError, match=r"pooled drafting \(p\) is not built for Qwen-VL drafts yet"):
         build_drafter("mp", models["target"], models["draft"])
+
+
+def test_the_profiles_pixel_bounds_set_each_images_vision_tokens_and_the_output_stays_the_targets(qwen):
+    """``max_pixels`` from the profile reaches the image processor: the 100x80 image, 12 merged tokens at the tiny
+    family's defaults, is scaled to one 28x28 block; decoding over that prompt is still the target's own."""
+    family = "qwen2_5_vl"
+    default = qwen[family]["target"]
+    bounded = load_model(ModelSpec(model=default.name, dtype="float64", device="cpu", max_pixels=2 * 28 * 28),
+                         "target")
+    image = tiny_qwen.images(1)
+
+    def vision_tokens(loaded):
+        return process(loaded.processor, render_prompt(loaded.processor, [QUESTION], [], 1), image).ids.count(
+            tiny_qwen.IMAGE_ID)
+
+    assert (vision_tokens(default), vision_tokens(bounded)) == (12, 1)
+    assert first_turn(bounded, "m", qwen[family]["draft"], image).token_ids == reference(bounded, [QUESTION], [], image)
+
+
+def test_pixel_bounds_on_a_fixed_size_image_processor_are_refused(tiny_dirs):
+    with pytest.raises(ModelLoadError, match=r"target.min_pixels/max_pixels: .* does not resize to a pixel range"):
+        load_model(ModelSpec(model=tiny_dirs["target"], dtype="float64", device="cpu", max_pixels=10000), "target")
+
+
+def test_an_image_the_processor_cannot_resize_is_one_line(qwen):
+    target = qwen["qwen2_vl"]["target"]
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    with pytest.raises(InputError, match=r"could not prepare the images \(3000x10 pixels\): absolute aspect ratio "
+                                         r"must be smaller than 200.*; crop, pad or resize the image"):
+        process(target.processor, text, [Image.new("RGB", (3000, 10))])
 
 
 def test_a_video_file_is_refused(tmp_path):

@@ -11,6 +11,8 @@ Hugging Face cache (:func:`_hub_source`), instead of after half a minute of retr
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import os
 import threading
@@ -304,10 +306,36 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     except ImportError as exc:  # e.g. LLaVA-OneVision's processor needs torchvision for its video part
         raise ModelLoadError(f"{role}.model: '{spec.model}' needs a package that is not installed ({_first_line(exc)}); "
                              f"install it (often `pip install torchvision`) and try again") from exc
+    processor = with_pixel_bounds(processor, spec, role, fallback_processor)
     if "device_map" not in kwargs:
         model = model.to(device)
     model.eval()
     return LoadedModel(role=role, name=spec.model, model=model, processor=processor)
+
+
+def with_pixel_bounds(processor: Any, spec: Any, role: str, shared: Any = None) -> Any:
+    """``processor`` with the profile's ``min_pixels``/``max_pixels`` as its image processor's bounds (a copy when it
+    is ``shared``, the target's processor lent to a draft); unchanged when neither is set. Only a native-resolution
+    image processor (Qwen-VL's ``smart_resize``: a pixel range, in multiples of patch x merge) has them; another one
+    is refused in one line."""
+    bounds = {"shortest_edge": getattr(spec, "min_pixels", None), "longest_edge": getattr(spec, "max_pixels", None)}
+    if all(value is None for value in bounds.values()):
+        return processor
+    images = getattr(processor, "image_processor", None)
+    size = getattr(images, "size", None)
+    edge = (lambda key: size.get(key)) if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+    if images is None or not hasattr(images, "merge_size") or edge("shortest_edge") is None or edge("longest_edge") is None:
+        raise ModelLoadError(f"{role}.min_pixels/max_pixels: '{spec.model}' has a {type(images).__name__}, which "
+                             f"does not resize to a pixel range (those keys are Qwen-VL's); remove them")
+    bounds = {key: edge(key) if value is None else value for key, value in bounds.items()}
+    if bounds["shortest_edge"] > bounds["longest_edge"]:
+        raise ModelLoadError(f"{role}: min_pixels {bounds['shortest_edge']} is larger than max_pixels "
+                             f"{bounds['longest_edge']} (one of them the model's default); set both")
+    if processor is shared:
+        processor, images = copy.copy(processor), copy.copy(images)
+        processor.image_processor = images
+    images.size = dataclasses.replace(size, **bounds) if dataclasses.is_dataclass(size) else {**size, **bounds}
+    return processor
 
 
 def _load_processor(name: str, common: dict, role: str, shown: str, fallback: Any, model_type: str) -> Any:

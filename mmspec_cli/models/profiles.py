@@ -249,7 +249,12 @@ def _build(cls: type, data: Any, path: str = "", **extra: Any) -> Any:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             where = f'under "{path}"' if path else "at the top level"
             raise ProfileError(f'{key_path}: required key is missing; add "{f.name}:" {where}')
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ProfileError as exc:  # a check across a section's keys (__post_init__): named from the section
+        if path and not str(exc).startswith(path):
+            raise ProfileError(f"{path}.{exc}") from None
+        raise
 
 
 # --------------------------------------------------------------------------- sections
@@ -264,6 +269,15 @@ class ModelSpec:
     quantization: str | None = _key(_choice(*QUANTIZATIONS), None)
     trust_remote_code: bool = _key(_boolean, False)
     revision: str | None = _key(_optional(_string), None)
+    #: a Qwen-VL image processor's pixel bounds (``smart_resize``: each image is scaled, keeping its aspect, to
+    #: between min_pixels and max_pixels, in multiples of patch x merge); unset: the model's own defaults
+    min_pixels: int | None = _key(_optional(_integer(1)), None)
+    max_pixels: int | None = _key(_optional(_integer(1)), None)
+
+    def __post_init__(self) -> None:
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ProfileError(f"min_pixels ({self.min_pixels}) is larger than max_pixels ({self.max_pixels}); "
+                               f"set min_pixels to at most max_pixels")
 
 
 def _seed(value: Any, path: str) -> int:

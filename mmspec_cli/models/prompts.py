@@ -167,7 +167,15 @@ def check_raw_prompt(raw_prompt: str, processor: Any, n_images: int) -> None:
 def process(processor: Any, text: str, images: Sequence[Any]) -> ModelPrompt:
     """Tokenize ``text`` with ``processor``, expanding each image placeholder and encoding the images."""
     # one sample holding all its images (OneVision then uses its multi-image layout, as its chat template does)
-    batch = processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
+    try:
+        batch = processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
+    except ValueError as exc:  # an image its resizing rules can't take (Qwen-VL: an aspect ratio over 200:1)
+        if not images:
+            raise
+        sizes = ", ".join(f"{getattr(image, 'width', '?')}x{getattr(image, 'height', '?')}" for image in images)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"the {type(processor).__name__} could not prepare the images ({sizes} pixels): {reason}; "
+                         f"crop, pad or resize the image") from exc
     ids = batch["input_ids"][0].tolist()
     vision = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
     return ModelPrompt(ids=ids, vision=vision)
