@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from transformers.utils import is_torchvision_available
 
+from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.drafters import build_drafter
@@ -149,6 +150,22 @@ def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
     else:
         drafter = build_drafter(name, target, models["draft"], ssd_layer=1)
     assert first_turn(target, drafter, None, tiny_qwen.images(2), **options).token_ids == refs[family, 2]
+
+
+@pytest.mark.parametrize("case", ["m", "mt-dynamic"])
+def test_compiled_decoding_is_the_targets_own(qwen, refs, case):
+    """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
+    included (a padded step continues every axis), for a draft model's chain and for batched rows drafting a
+    dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds DeepStack features, eager. One family:
+    each compiles its own graphs, 20-60 s on this CPU."""
+    models = qwen["qwen3_vl"]
+    assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
+    name, options = ("m", {}) if case == "m" else ("mt", DYNAMIC)
+    decoder = speculative_decoder(models["target"], name, models["draft"], gamma=4, max_new_tokens=MAX_NEW,
+                                  kv="compiled", **options)
+    assert decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0].token_ids == refs["qwen3_vl", 2]
+    step = decoder.runner.compiled
+    assert step.failed is None and step.graphs.traced, "the target's steps ran eager"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -50,8 +50,9 @@ from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
 from mmspec_cli.models.parts import text_decoder, with_cache
 
 #: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
-#: pixels) is the model's own forward; others (a final logit soft-cap, say) would need their own step.
-COMPILED_DECODERS = ("llama", "mistral", "qwen2")
+#: pixels) is the model's own forward; others (a final logit soft-cap, say) would need their own step. The Qwen-VL
+#: text decoders take M-RoPE's (3, B, n) positions, which a padded step continues on every axis.
+COMPILED_DECODERS = ("llama", "mistral", "qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text")
 
 #: dynamo's filter that drops every guard of a graph (torch 2.8 and later; an older torch keeps its guards, which
 #: costs time a call, not correctness).
@@ -200,6 +201,11 @@ class CompiledGraphs:
         """Why compiling failed (every later call runs eager), or None."""
         return self._failure[0]
 
+    @property
+    def traced(self) -> frozenset:
+        """The keys whose graphs have been compiled and run."""
+        return frozenset(self._traced)
+
     def _graph(self, key: tuple) -> Callable:
         graph = self._graphs.get(key)
         if graph is None:
@@ -259,7 +265,7 @@ class CompiledStep:
         if pad:
             inputs = torch.cat([inputs, inputs[:, -1:].expand(-1, pad, *inputs.shape[2:])], dim=1)
             steps = torch.arange(1, pad + 1, device=positions.device)
-            positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
+            positions = torch.cat([positions, positions[..., -1:] + steps], dim=-1)  # (B, n) or M-RoPE's (3, B, n)
             if mask is not None:
                 mask = pad_mask(mask, state.length, pad)
         state.room_for(size)
