@@ -10,6 +10,8 @@ offset on purpose show that the position handling is what makes it so.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from PIL import Image
@@ -19,12 +21,15 @@ from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters import rows as rows_module
 from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.drafters.rows import BatchedRows
+from mmspec_cli.drafters.views import multimodal_row, pooled_row
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models import families
 from mmspec_cli.models.loading import check_compatible, load_model
 from mmspec_cli.models.profiles import ModelSpec
-from mmspec_cli.models.prompts import process, render_prompt, text_only_ids
+from mmspec_cli.models.prompts import process, render_prompt, shrink_runs, text_only_ids
 from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
 from tests.conftest import load
@@ -117,13 +122,75 @@ def test_mrope_positions_follow_the_offset():
     assert tree.shape == (3, 2, 3) and tree[2].tolist() == [[37, 38, 38], [32, 33, 33]]
 
 
+def test_pooling_averages_each_frames_merged_grid_in_raster_order():
+    """A 1-frame image of 3×4 merged tokens (grid in patches: 6×8, merge 2) pooled 2×2 keeps 2×2 tokens, each the
+    mean of the tokens its window covers; the windows over the odd edge cover one row."""
+    family = families.QwenVLFamily(tiny_qwen.make_config("qwen2_vl", 400))
+    grid = torch.tensor([[1, 6, 8]])
+    features = torch.arange(12, dtype=torch.float64)[:, None].repeat(1, 2)  # token r·4 + c holds r·4 + c
+    pooled = family.pool_image_features(features, grid[0], 2)
+    expected = [(0 + 1 + 4 + 5) / 4, (2 + 3 + 6 + 7) / 4, (8 + 9) / 2, (10 + 11) / 2]
+    assert pooled[:, 0].tolist() == expected and pooled.shape == (4, 2)
+    assert family.pooled_grid(grid, 2).tolist() == [[1, 4, 4]] and family.pooled_token_counts(grid, 2) == [4]
+
+
+def test_shrink_runs_cuts_each_images_run_to_its_own_count():
+    assert shrink_runs([9, 6, 6, 6, 5, 4, 6, 6, 5], 6, [1, 2]) == [9, 6, 5, 4, 6, 6, 5]
+    with pytest.raises(ValueError, match="more runs of token 6 than the 1 counts given"):
+        shrink_runs([6, 1, 6], 6, [1])
+    with pytest.raises(ValueError, match="1 runs of token 6 but 2 counts given"):
+        shrink_runs([6, 6, 1], 6, [1, 1])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_pooled_row_is_its_pooled_images_and_leaves_a_multimodal_row_beside_it_unchanged(qwen, family):
+    """Pooled drafting for Qwen-VL: the row's logits are the draft's forward over the prompt with each image's
+    features pooled 2×2 (computed here by hand) at the positions of a pooled image; an ``m`` row batched with it
+    computes what it computes alone, though its features are then encoded by mmspec rather than by the model
+    (Qwen3-VL: its DeepStack features too)."""
+    draft = qwen[family]["draft"]
+    model = draft.model
+    text = render_prompt(draft.processor, [QUESTION], [], 2)
+    images = tiny_qwen.images(2)
+    m_row, p_row = multimodal_row(draft)(text, images), pooled_row(draft, 2)(text, images)
+
+    def head_logits(rows):
+        batch = BatchedRows(model, draft.image_token_id)
+        batch.begin(rows)
+        return batch.head_logits
+
+    both, alone_m, alone_p = head_logits([m_row, p_row]), head_logits([m_row]), head_logits([p_row])
+    assert torch.allclose(both[0], alone_m[0], atol=1e-9) and torch.allclose(both[1], alone_p[0], atol=1e-9)
+    assert not torch.allclose(alone_m[0], alone_p[0])
+    if family == "qwen3_vl":
+        return  # its DeepStack features have no by-hand reference here: the batch comparison above covers them
+    grid = m_row.vision["image_grid_thw"]
+    with torch.inference_mode():
+        features = model.model.get_image_features(pixel_values=m_row.pixel_values, image_grid_thw=grid,
+                                                  return_dict=True).pooler_output
+        by_hand = []
+        for f, (_, h, w) in zip(features, grid.tolist()):
+            tokens = f.reshape(h // 2, w // 2, -1)
+            for r in range(0, h // 2, 2):
+                for c in range(0, w // 2, 2):
+                    by_hand.append(tokens[r:r + 2, c:c + 2].reshape(-1, f.shape[-1]).mean(dim=0))
+        ids = torch.tensor([p_row.ids])
+        embeds = model.get_input_embeddings()(ids)
+        embeds[ids == tiny_qwen.IMAGE_ID] = torch.stack(by_hand)
+        pooled_grid = torch.tensor([[1, -(-h // 4) * 2, -(-w // 4) * 2] for _, h, w in grid.tolist()])
+        positions, _ = model.model.get_rope_index(input_ids=ids, mm_token_type_ids=(ids == tiny_qwen.IMAGE_ID).int(),
+                                                  image_grid_thw=pooled_grid)
+        expected = model(inputs_embeds=embeds, position_ids=positions).logits[0, -1]
+    assert torch.allclose(alone_p[0], expected, atol=1e-9)
+
+
 # --------------------------------------------------------------------------- losslessness
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("n_images", [0, 1, 2])
 @pytest.mark.parametrize("drafter,gamma", [("ar", 1), ("m", 1), ("m", 4), ("t", 1), ("t", 4), ("mt", 4), ("tabed", 1),
-                                           ("tabed", 4)])
+                                           ("tabed", 4), ("p", 4), ("mtp", 1)])
 def test_greedy_equals_target_generate(qwen, refs, family, n_images, drafter, gamma):
     models = qwen[family]
     turn = first_turn(models["target"], drafter, models["draft"], tiny_qwen.images(n_images), gamma=gamma)
@@ -179,7 +246,7 @@ def test_two_turns_equal_generate(qwen, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("drafter", ["ar", "m", "t", "tabed", "ssd", "eagle"])
+@pytest.mark.parametrize("drafter", ["ar", "m", "t", "tabed", "p", "ssd", "eagle"])
 def test_an_image_in_the_second_turn_keeps_the_targets_own_output(qwen, family, drafter, monkeypatch):
     """The new image's tokens take the positions the whole prompt's ``get_rope_index`` gives them, and the text
     after it the new offset; only the new part is fed (the first turn's image stays cached)."""
@@ -326,9 +393,12 @@ def test_a_qwen_target_with_a_llava_draft_is_refused(qwen, tiny_models):
         check_compatible(qwen["qwen2_vl"]["target"], tiny_models["target"])
 
 
-def test_pooled_rows_are_refused_for_a_qwen_draft(qwen):
+def test_pooled_rows_need_a_forward_that_takes_precomputed_image_features(qwen, monkeypatch):
     models = qwen["qwen2_vl"]
-    with pytest.raises(ModelLoadError, match=r"pooled drafting \(p\) is not built for Qwen-VL drafts yet"):
+    build_drafter("mp", models["target"], models["draft"])  # transformers 5.24's forward takes them
+    monkeypatch.setattr(rows_module.inspect, "signature", lambda fn: inspect.Signature())  # an older forward
+    with pytest.raises(ModelLoadError, match=r"pooled drafting \(p\) with a Qwen2VLForConditionalGeneration draft "
+                                             r"needs a transformers whose forward takes precomputed image features"):
         build_drafter("mp", models["target"], models["draft"])
 
 

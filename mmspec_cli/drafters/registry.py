@@ -11,7 +11,7 @@ never ensemble members either; ``oracle``, a benchmarking drafter that replays a
 (:mod:`.oracle`; built from that recording, greedy only, chains only).
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
-(:mod:`.rows`), whose image rows need a LLaVA-1.5-style or a Qwen-VL draft (pooled rows: LLaVA-1.5).
+(:mod:`.rows`), whose image rows need a LLaVA-1.5-style or a Qwen-VL draft.
 """
 
 from __future__ import annotations

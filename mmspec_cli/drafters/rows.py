@@ -16,14 +16,18 @@ How a row's images enter depends on the draft's family (:mod:`mmspec_cli.models.
 - Qwen-VL drafts get the left-padded ids with every image row's processor tensors concatenated
   (``pixel_values``, ``image_grid_thw``): the model's own forward embeds them (Qwen3-VL's DeepStack
   included), at each row's own M-RoPE positions (``get_rope_index`` per row), and every later
-  position of a row adds that row's rope offset.
+  position of a row adds that row's rope offset. A batch holding a pooled row gets every image's features
+  encoded here instead (:func:`encoded_row_images`, the pooled rows' pooled in their own merged grid), which
+  the model's forward places itself (``mm_encoder_outputs``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -129,13 +133,37 @@ def _images(row: Row) -> dict[str, torch.Tensor]:
 
 
 def check_row_images(model, pooled: bool) -> None:
-    """Refuse, in one line, a draft whose images batched rows can't feed: pooled rows need a LLaVA-1.5-style
-    draft (they pool its patch grid before the projector); multimodal rows need that or a Qwen-VL draft."""
+    """Refuse, in one line, a draft whose images batched rows can't feed: rows need a LLaVA-1.5-style draft or a
+    Qwen-VL one; pooled Qwen-VL rows hand the model their pooled image features (``mm_encoder_outputs``), which
+    its forward must take."""
     if not family_of(model).model_embeds_row_images:
         llava_parts(model)
-    elif pooled:
-        raise ModelLoadError(f"pooled drafting (p) is not built for Qwen-VL drafts yet ({type(model).__name__}: it "
-                             f"pools a LLaVA-1.5 patch grid before the projector); use m, t, c or an ensemble of them")
+    elif pooled and "mm_encoder_outputs" not in inspect.signature(type(model.model).forward).parameters:
+        raise ModelLoadError(f"pooled drafting (p) with a {type(model).__name__} draft needs a transformers whose "
+                             f"forward takes precomputed image features (mm_encoder_outputs; 5.24 does): upgrade "
+                             f"transformers, or use m, t, c or an ensemble of them")
+
+
+def encoded_row_images(model, rows: Sequence[Row]) -> Any:
+    """The vision encoder's output for every image of ``rows``, in row order, as a Qwen-VL model's forward computes
+    it from their pixels (``get_image_features``), with each pooled row's images pooled in their merged grid
+    (``QwenVLFamily.pool_image_features``; Qwen3-VL's DeepStack features alike): a batch holding a pooled row
+    hands the model this as ``mm_encoder_outputs``, and the model places and adds the features itself."""
+    family = family_of(model)
+    seen = [r for r in rows if r.pixel_values is not None]
+    grids = torch.cat([r.vision["image_grid_thw"] for r in seen])
+    kernels = [r.pool for r in seen for _ in range(r.vision["image_grid_thw"].shape[0])]
+    out = model.model.get_image_features(pixel_values=to_model(torch.cat([r.pixel_values for r in seen]), model),
+                                         image_grid_thw=grids.to(model.device), return_dict=True)
+
+    def pooled(features: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [family.pool_image_features(f, g, k) if k > 1 else f for f, g, k in zip(features, grids, kernels,
+                                                                                      strict=True)]
+
+    out.pooler_output = pooled(out.pooler_output)
+    if getattr(out, "deepstack_features", None) is not None:
+        out.deepstack_features = [pooled(layer) for layer in out.deepstack_features]
+    return out
 
 
 class BatchedRows:
@@ -219,8 +247,8 @@ class BatchedRows:
         mask = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # (B, L)
         for b, r in enumerate(rows):
             mask[b, length - len(r.ids):] = 1
-        positions, offsets = self.family.batch_positions(self.model, [(r.ids, _images(r)) for r in rows], length,
-                                                         self.model.device)  # each row counts its own tokens from 0
+        positions, offsets = self.family.batch_positions(self.model, [(r.ids, self._laid_out(r)) for r in rows],
+                                                         length, self.model.device)  # each row counts from 0
         self.positions = self.family.positions(offsets)
         if self.family.model_embeds_row_images:
             inputs = self._model_inputs(rows, length)
@@ -247,12 +275,23 @@ class BatchedRows:
             batch[b, length - e.shape[0]:] = e
         return batch
 
-    def _model_inputs(self, rows: Sequence[Row], length: int) -> dict[str, torch.Tensor]:
-        """Left-padded ids (B, L) with the image rows' tensors concatenated, for the model's own forward to embed."""
+    def _laid_out(self, row: Row) -> dict[str, torch.Tensor]:
+        """The image tensors a row's positions follow: a pooled Qwen-VL row's images as their pooled grid."""
+        images = _images(row)
+        if row.pool > 1 and "image_grid_thw" in images:
+            return {"image_grid_thw": self.family.pooled_grid(images["image_grid_thw"], row.pool)}
+        return images
+
+    def _model_inputs(self, rows: Sequence[Row], length: int) -> dict[str, Any]:
+        """Left-padded ids (B, L) with the image rows' tensors concatenated, for the model's own forward to embed;
+        with a pooled row among them, every row's image features, encoded and pooled here (``encoded_row_images``)."""
         ids = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # padding: masked
-        images: dict[str, list[torch.Tensor]] = {}
         for b, r in enumerate(rows):
             ids[b, length - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long)
+        if any(r.pool > 1 and r.pixel_values is not None for r in rows):
+            return {"input_ids": ids, "mm_encoder_outputs": {"image": encoded_row_images(self.model, rows)}}
+        images: dict[str, list[torch.Tensor]] = {}
+        for r in rows:
             for key in ("pixel_values", "image_grid_thw"):
                 if key in _images(r):
                     images.setdefault(key, []).append(r.vision[key])
@@ -269,7 +308,8 @@ class BatchedRows:
         if state.static or (self.shared and self.model.config._attn_implementation in ("sdpa", "eager")):
             mask = additive_step_mask(self.mask, fresh, self.model.dtype)  # saves rebuilding it from 2-D each step
             mask = state.fit_mask(mask)  # a static state: as wide as its capacity
-        if self.compiled is not None and "input_ids" in inputs and "pixel_values" not in inputs:
+        if self.compiled is not None and "input_ids" in inputs and "pixel_values" not in inputs \
+                and "mm_encoder_outputs" not in inputs:
             compiled = self.compiled(state, inputs["input_ids"], positions, mask)
             if compiled is not None:
                 return compiled[0][:, -1]

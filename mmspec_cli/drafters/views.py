@@ -4,7 +4,8 @@
 - ``t`` text-only (Gagrani; TABED App. I.2): each image becomes one newline token;
 - ``c`` caption (TABED §6.1, App. I.2): each image becomes the tokens of "image: <caption>";
 - ``p`` pooled (TABED §6.1; IbED §5.1): the images with vision features average-pooled
-  ``kernel``×``kernel`` in their patch grid, the placeholder run shrunk to match (576 -> 144).
+  ``kernel``×``kernel`` in their patch grid, the placeholder run shrunk to match (576 -> 144; a
+  Qwen-VL image in its own merged grid, so each image keeps about a quarter of its tokens).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.prompts import process, replace_image_tokens, text_only_ids
+from mmspec_cli.models.families import family_of
+from mmspec_cli.models.prompts import process, replace_image_tokens, shrink_runs, text_only_ids
 from mmspec_cli.drafters.rows import Row, pooled_token_count
 
 RowView = Callable[[str, Sequence[Any]], Row]
@@ -43,9 +45,17 @@ def caption_row(draft: LoadedModel, captioner: Captioner) -> RowView:
 
 def pooled_row(draft: LoadedModel, kernel: int) -> RowView:
     image_id = draft.image_token_id
+    family = family_of(draft.model)
 
     def view(text: str, images: Sequence[Any]) -> Row:
         prompt = process(draft.processor, text, images)
+        if family.model_embeds_row_images:  # Qwen-VL: each image pooled in its own grid (rows.encoded_row_images)
+            grid = prompt.vision.get("image_grid_thw")
+            if grid is None:
+                return Row(ids=prompt.ids)
+            ids = shrink_runs(prompt.ids, image_id, family.pooled_token_counts(grid, kernel))
+            vision = {k: v for k, v in prompt.vision.items() if k in ("pixel_values", "image_grid_thw")}
+            return Row(ids=ids, vision=vision, pool=kernel)
         per_image = len([t for t in prompt.ids if t == image_id]) // max(len(images), 1)
         kept = pooled_token_count(per_image, kernel)
         unexpanded = draft.tokenizer(text)["input_ids"]

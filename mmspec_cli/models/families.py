@@ -119,6 +119,31 @@ class QwenVLFamily(LlavaFamily):
 
     image_keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
 
+    def pooled_grid(self, grid: torch.Tensor, kernel: int) -> torch.Tensor:
+        """``image_grid_thw`` (n, 3) of images whose merged patch grid is average-pooled ``kernel``×``kernel``
+        (:meth:`pool_image_features`): each frame's (h/m, w/m) merged grid becomes (⌈h/m/k⌉, ⌈w/m/k⌉), given back in
+        patches (× m) as the processor gives a grid, so ``get_rope_index`` lays the pooled tokens out as an image of
+        that size."""
+        merge = self.config.vision_config.spatial_merge_size
+        t, h, w = grid.unbind(-1)
+        return torch.stack([t, -(-(h // merge) // kernel) * merge, -(-(w // merge) // kernel) * merge], dim=-1)
+
+    def pooled_token_counts(self, grid: torch.Tensor, kernel: int) -> list[int]:
+        """How many vision tokens each image of ``grid`` keeps after pooling."""
+        merge = self.config.vision_config.spatial_merge_size
+        return [int(n) // merge ** 2 for n in self.pooled_grid(grid, kernel).prod(dim=-1)]
+
+    def pool_image_features(self, features: torch.Tensor, grid: torch.Tensor, kernel: int) -> torch.Tensor:
+        """One image's merged-token features (t·h'·w', H), in raster order over (t, h', w') as the vision tower
+        gives them and ``get_rope_index`` places them, average-pooled ``kernel``×``kernel`` in each frame's grid
+        (pooled drafting, TABED §6.1, in the image's own grid rather than LLaVA-1.5's fixed 24×24): (t·h''·w'', H).
+        A side the kernel does not divide keeps its edge: those windows average the tokens they cover."""
+        merge = self.config.vision_config.spatial_merge_size
+        t, h, w = (int(x) for x in grid)
+        frames = features.reshape(t, h // merge, w // merge, -1).permute(0, 3, 1, 2)  # (t, H, h', w')
+        pooled = torch.nn.functional.avg_pool2d(frames, kernel_size=kernel, ceil_mode=True)
+        return pooled.permute(0, 2, 3, 1).reshape(-1, features.shape[-1])
+
     def image_count(self, vision: Mapping[str, torch.Tensor]) -> int:
         grid = vision.get("image_grid_thw")
         return 0 if grid is None else int(grid.shape[0])

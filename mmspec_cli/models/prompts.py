@@ -186,6 +186,23 @@ def newline_token_id(tokenizer: Any) -> int:
     return tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
 
 
+def shrink_runs(ids: Sequence[int], token: int, counts: Sequence[int]) -> list[int]:
+    """``ids`` with the i-th maximal run of ``token`` cut to ``counts[i]`` tokens (pure): an expanded prompt whose
+    images keep fewer vision tokens (pooled drafting of native-resolution images)."""
+    out, run = [], 0
+    for i, t in enumerate(ids):
+        if t != token:
+            out.append(t)
+        elif i == 0 or ids[i - 1] != token:  # a run starts: its image's count, once
+            if run >= len(counts):
+                raise ValueError(f"more runs of token {token} than the {len(counts)} counts given")
+            out.extend([token] * counts[run])
+            run += 1
+    if run != len(counts):
+        raise ValueError(f"{run} runs of token {token} but {len(counts)} counts given")
+    return out
+
+
 def replace_image_tokens(ids: Sequence[int], placeholder: int | Sequence[int],
                          replacements: Sequence[Sequence[int]]) -> list[int]:
     """Replace the i-th image placeholder in *unexpanded* ids by ``replacements[i]`` (pure).
