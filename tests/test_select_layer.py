@@ -144,3 +144,19 @@ def test_bad_sources_are_one_line(files):
                           "pass one calibration SOURCE")
     assert_one_line_error(runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile",
                                               files["profile"], "--write", files["profile"]]), "is the profile itself")
+
+
+def test_a_later_turns_own_images_are_read(files):
+    """A calibration sample whose second question brings an image: both turns are decoded and read with the
+    images each turn's prompt shows (dropping the brought one would make the processor refuse the prompt)."""
+    (files["root"] / "turns").mkdir(exist_ok=True)
+    first, second = save_images(files["root"] / "turns", 2)
+    manifest = files["root"] / "turns.jsonl"
+    manifest.write_text(json.dumps({"id": "s", "images": [first], "category": "c",
+                                    "turns": [QUESTION, {"question": "and now?", "images": [second]}]}) + "\n")
+    result = runner.invoke(app, ["select-layer", str(manifest), "--profile", files["profile"], "--json",
+                                 "--empirical", "1"])
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["samples"] == 1 and out["positions"] == 2 * 6  # two turns of max_new_tokens each, read in full
+    assert out["chosen"] == JUMP and out["empirical"][0]["block_efficiency"] >= 1

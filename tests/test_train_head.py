@@ -24,14 +24,17 @@ from mmspec_cli.models.profiles import load_profile
 from mmspec_cli.training import losses
 from mmspec_cli.training.answers import AnswerFile, AnswerSettings, generate_answers
 from mmspec_cli.training.checkpoint import NAME as CHECKPOINT, save_checkpoint
-from mmspec_cli.training.corpus import Conversation
+from mmspec_cli.models.images import load_images
+from mmspec_cli.training.acceptance import measure
+from mmspec_cli.training.corpus import Conversation, conversations
 from mmspec_cli.training.passes import HeadObjective
 from mmspec_cli.training.run import TrainHeadSettings, train_head
 from mmspec_cli.training.sequences import SequenceStore, Turn, read_sequence, trainable
 from mmspec_cli.training.trainer import TrainConfig, batch_indices, copy_embeddings, train
 
 from tests import tiny
-from tests.helpers import assert_one_line_error, save_images, write_profile
+from tests.helpers import assert_one_line_error, own_generate, save_images, write_profile
+from tests.test_heads import random_head
 from tests.test_engine_greedy import reference
 
 runner = CliRunner()
@@ -215,6 +218,29 @@ def test_answers_resume_where_they_stopped(tiny_models, tmp_path):
     assert len(AnswerFile(path, ANSWERS, "t").records) == 5
     with pytest.raises(Exception, match="other settings"):
         AnswerFile(path, AnswerSettings(temperature=0.5, max_new_tokens=8, suffix="", batch_size=2), "t")
+
+
+def test_a_later_questions_own_images_are_answered_and_read_with_it(tiny_models, files, tmp_path):
+    """A manifest sample whose second question brings an image: its first turn is answered and read with the
+    opening image alone, its second with both, each in its own user turn (greedy answers: the target's own
+    ``generate`` of that prompt); the head's held-out decoding gets the image in the same turn."""
+    target = tiny_models["target"]
+    root = Path(files["root"])
+    manifest = tmp_path / "turns.jsonl"
+    manifest.write_text(json.dumps({"id": "s", "images": [str(root / "img0.png")], "category": "c", "turns": [
+        QUESTIONS[0], {"question": QUESTIONS[3], "images": [str(root / "img1.png")]}]}) + "\n")
+    [conv] = conversations(str(manifest))
+    greedy = AnswerSettings(temperature=0.0, max_new_tokens=8, suffix="", seed=0, batch_size=2)
+    first, second = generate_answers(target, "t", [conv], tmp_path / "answers.jsonl", greedy)
+    images = load_images([str(root / "img0.png"), str(root / "img1.png")])
+    assert first.answer_ids == own_generate(target, QUESTIONS[:1], [], [1], images[:1], max_new_tokens=8)
+    text = target.tokenizer.decode(first.answer_ids, skip_special_tokens=True).strip()
+    assert second.answer_ids == own_generate(target, [QUESTIONS[0], QUESTIONS[3]], [text], [1, 1], images,
+                                             max_new_tokens=8)
+    sequences = [read_sequence(target, Turn(conv, answer)) for answer in (first, second)]
+    placeholders = [seq.ids[:seq.prompt_len].count(target.image_token_id) for seq in sequences]
+    assert placeholders[1] == 2 * placeholders[0] > 0
+    assert measure(target, HeadDrafter(target, random_head(target, "eagle")), [conv], max_new_tokens=8).turns == 2
 
 
 def test_resume_after_a_kill_gives_the_uninterrupted_result(tiny_dirs, tmp_path):

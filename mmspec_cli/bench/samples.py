@@ -55,7 +55,7 @@ class Sample:
     def refuse_turn_images(self, command: str) -> None:
         """One line when a later turn brings images and ``command`` reads only the opening ones."""
         if self.turn_images:
-            raise InputError(f"sample '{self.id}': a later turn brings images, which {command} does not read yet; "
+            raise InputError(f"sample '{self.id}': a later turn brings images, which {command} does not read; "
                              f"move them to the sample's 'images' or leave the sample out")
 
 

@@ -117,8 +117,6 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
     samples = resolve(sources[0], limit)
     if not samples:
         raise InputError(f"SOURCE {sources[0]} holds no samples; pass a calibration set with at least one")
-    for sample in samples:
-        sample.refuse_turn_images("select-layer")
     return samples
 
 

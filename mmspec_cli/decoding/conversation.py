@@ -34,10 +34,7 @@ def conversation(processor: Any, images: Sequence[Any], questions: Sequence[str]
     turn_images = check_turn_images(turn_images, len(questions), raw_prompt)
     if raw_prompt is not None:
         check_raw_prompt(raw_prompt, processor, len(images))
-    counts = [0] * (len(history) + len(questions))  # images per user turn
-    counts[0] += len(images)
-    for index, brought in turn_images.items():
-        counts[len(history) + index] += len(brought)
+    counts = images_per_user_turn(len(images), turn_images, len(history), len(questions))
     answers: list[str] = []
     for turn, question in enumerate(questions):
         shown = images_shown(images, turn_images, turn)
@@ -51,6 +48,17 @@ def conversation(processor: Any, images: Sequence[Any], questions: Sequence[str]
 #: Why turn images and ``--raw-prompt`` don't go together (the CLI refuses them before loading, the engine again).
 RAW_PROMPT_WITH_TURN_IMAGES = ("--raw-prompt gives one turn with its images; drop --turn-image, or give the images "
                                "as arguments")
+
+
+def images_per_user_turn(opening: int, turn_images: Mapping[int, Sequence[Any]], history: int,
+                         questions: int) -> list[int]:
+    """How many images each user turn shows (``render_prompt``'s ``n_images``): the ``opening`` ones in the first
+    (history's, if any), then each question's own (``turn_images``: question index -> the images it brings)."""
+    counts = [0] * (history + questions)
+    counts[0] += opening
+    for index, brought in turn_images.items():
+        counts[history + index] += len(brought)
+    return counts
 
 
 def images_shown(images: Sequence[Any], turn_images: Mapping[int, Sequence[Any]], turn: int) -> list:

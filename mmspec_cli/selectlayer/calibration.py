@@ -20,7 +20,8 @@ import torch
 
 from mmspec_cli.api import ModelSet
 from mmspec_cli.choices import SSD_PLAIN
-from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
 from mmspec_cli.models.parts import text_decoder
 from mmspec_cli.decoding.events import BlockVerified, Generation
 from mmspec_cli.selectlayer.reward import max_confidence_sums
@@ -58,13 +59,19 @@ def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample], ssd_layer
             imitation: Any = None) -> list[tuple[Sample, list, Generation]]:
     """Decode every sample with ``drafter`` after one short untimed warm-up turn."""
     decoder = models.decoder(drafter, ssd_layer=ssd_layer, imitation=imitation)
-    loaded = [(sample, load_sample_images(sample)) for sample in samples]
+    loaded = [(sample, load_sample_images(sample), load_turn_images(sample, len(sample.turns))) for sample in samples]
     if loaded:
-        sample, images = loaded[0]
+        sample, images, brought = loaded[0]
         decoder.generate(images, list(sample.turns[:1]), history=sample.history,
-                         max_new_tokens=min(WARMUP_TOKENS, decoder.max_new_tokens))
-    return [(sample, images, decoder.generate(images, list(sample.turns), history=sample.history))
-            for sample, images in loaded]
+                         max_new_tokens=min(WARMUP_TOKENS, decoder.max_new_tokens), turn_images=first_question_images(brought))
+    return [(sample, (images, brought), decoder.generate(images, list(sample.turns), history=sample.history,
+                                                         turn_images=brought))
+            for sample, images, brought in loaded]
+
+
+def first_question_images(brought: dict[int, list]) -> dict[int, list]:
+    """The images the first turn brings (the warm-up turn asks it alone)."""
+    return {index: images for index, images in brought.items() if index == 0}
 
 
 @torch.inference_mode()
@@ -79,11 +86,12 @@ def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Seque
     imitated = 0.0
     positions = 0
     runs = _decode(models, "ar", samples)
-    for sample, images, generation in runs:
+    for sample, (images, brought), generation in runs:
         answers: list[str] = []
+        counts = images_per_user_turn(len(images), brought, len(sample.history), len(sample.turns))
         for turn, result in enumerate(generation.turns):
-            text = render_prompt(target.processor, sample.turns[: turn + 1], answers, len(images), sample.history)
-            prompt = process(target.processor, text, images)
+            text = render_prompt(target.processor, sample.turns[: turn + 1], answers, counts, sample.history)
+            prompt = process(target.processor, text, images_shown(images, brought, turn))
             ids = torch.tensor([prompt.ids + result.token_ids], device=target.model.device)  # (1, S)
             vision = {k: to_model(v, target.model) for k, v in prompt.vision.items()}
             out = target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, **vision)

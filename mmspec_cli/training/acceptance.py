@@ -40,10 +40,11 @@ def measure(target: LoadedModel, drafter: Drafter, conversations: Sequence[Conve
     parts: list[RunStats] = []
     for conversation in conversations:
         try:
-            images = conversation.load_images()
+            opening, brought = conversation.split_images(conversation.load_images())
         except MmspecError:
             continue
-        generation = decoder.generate(images, list(conversation.turns), history=conversation.history)
+        generation = decoder.generate(opening, list(conversation.turns), history=conversation.history,
+                                      turn_images=brought)
         parts.extend(turn.stats for turn in generation.turns)
     if not parts:
         return None

@@ -94,9 +94,11 @@ def asked(question: str, suffix: str) -> str:
 def prompt_text(processor: Any, conversation: Conversation, turn: int, earlier: Sequence[str], suffix: str,
                 n_images: int) -> str:
     """The prompt of ``turn``: the history, then every question so far (each with the suffix) after the
-    target's ``earlier`` answers, rendered as the engine renders a conversation."""
+    target's ``earlier`` answers, rendered as the engine renders a conversation (of its ``n_images`` images, each
+    in the user turn that shows it: :meth:`Conversation.image_counts`)."""
     questions = [asked(q, suffix) for q in conversation.turns[:turn + 1]]
-    return render_prompt(processor, questions, list(earlier), n_images, conversation.history)
+    return render_prompt(processor, questions, list(earlier), conversation.image_counts(n_images),
+                         conversation.history)
 
 
 class AnswerFile:
@@ -271,7 +273,7 @@ def _answer_batch(target: LoadedModel, batch: Sequence[Conversation], missing: S
             return
         text, images = ask
         try:
-            prompt = process(target.processor, text, conversation.load_images())
+            prompt = process(target.processor, text, conversation.shown(conversation.load_images(), turn))
             check_context(target.model.config, len(prompt.ids), settings.max_new_tokens,
                           limit_flag="--answer-tokens")
         except MmspecError as exc:

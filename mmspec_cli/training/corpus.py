@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmspec_cli.bench.samples import Sample, load_sample_images
+from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
 from mmspec_cli.models.images import load_image
 from mmspec_cli.bench.sources import resolve
 from mmspec_cli.errors import InputError
@@ -42,6 +43,27 @@ class Conversation:
     history: tuple[tuple[str, str], ...]
     load_images: Callable[[], list[Any]]
     describe_images: Callable[[], tuple[int, str]] | None = None
+    #: how many of ``load_images()``'s images each question brings in its own user turn (question index -> count),
+    #: taken from the end of the list in order; the rest open the conversation
+    brought: tuple[tuple[int, int], ...] = ()
+
+    def image_counts(self, n_images: int) -> list[int]:
+        """Images per user turn (``render_prompt``'s ``n_images``) when the conversation holds ``n_images``."""
+        opening = n_images - sum(count for _, count in self.brought)
+        return images_per_user_turn(opening, {index: range(count) for index, count in self.brought},
+                                    len(self.history), len(self.turns))
+
+    def split_images(self, images: Sequence[Any]) -> tuple[list[Any], dict[int, list[Any]]]:
+        """``load_images()``'s images as (the opening ones, {question index: the images it brings})."""
+        at = len(images) - sum(count for _, count in self.brought)
+        opening, brought = list(images[:at]), {}
+        for index, count in self.brought:
+            brought[index], at = list(images[at:at + count]), at + count
+        return opening, brought
+
+    def shown(self, images: Sequence[Any], turn: int) -> list[Any]:
+        """The images question ``turn``'s prompt shows, in order."""
+        return images_shown(*self.split_images(images), turn)
 
     def images(self) -> tuple[int, str]:
         """(number of images, fingerprint of their content); an unreadable image raises its one-line InputError."""
@@ -76,9 +98,14 @@ def read_image_bytes(path: str | Path) -> bytes:
 
 
 def from_sample(sample: Sample) -> Conversation:
-    sample.refuse_turn_images("train-head")
-    return Conversation(sample.id, tuple(sample.turns), tuple(sample.history), lambda: load_sample_images(sample),
-                        lambda: (len(sample.images), fingerprint(sample.images)))
+    """A bench sample as a conversation: its opening images, then the images its later questions bring."""
+    brought = sample.brought(len(sample.turns))
+    files = list(sample.images) + [image for index in sorted(brought) for image in brought[index]]
+    return Conversation(sample.id, tuple(sample.turns), tuple(sample.history),
+                        lambda: load_sample_images(sample) + [image for index, images in sorted(
+                            load_turn_images(sample, len(sample.turns)).items()) for image in images],
+                        lambda: (len(files), fingerprint(files)),
+                        tuple((index, len(brought[index])) for index in sorted(brought)))
 
 
 def demo_training(n: int, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:

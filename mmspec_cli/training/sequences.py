@@ -79,7 +79,7 @@ def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any], None],
     forward (the reader takes what it needs); ``kwargs`` go to both. Returns the prompt as the target's
     processor tokenized it.
     """
-    images = turn.conversation.load_images()
+    images = turn.conversation.shown(turn.conversation.load_images(), turn.answer.turn)
     prompt = process(target.processor, turn.answer.prompt, images)
     model = target.model
     cache = DynamicCache(config=model.config)
