@@ -367,6 +367,52 @@ def test_a_max_new_tokens_past_the_context_is_one_line_before_any_forward(files)
     assert "compiled" not in result.stderr
 
 
+def test_profile_latency_times_the_compiled_steps_and_bench_reads_them_for_compiled_records(files, tmp_path,
+                                                                                              monkeypatch):
+    """``profile-latency --compile`` times the steps a compiled loop runs (they compile, once each, in the warm-up)
+    and caches them apart from the eager ones; ``bench --summarize`` of records made with ``--compile`` reads that
+    cache for Eq. (1), and asks for it by name while it is missing."""
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "records.jsonl"
+    made = runner.invoke(app, ["bench", files["manifest"], "--profile", files["profile"], "--drafters", "ar,m",
+                               "--no-warmup", "--compile", "--out", str(out), "--format", "json"])
+    assert made.exit_code == 0, made.stderr
+    threads = json.loads(out.read_text().splitlines()[0])["threads"]
+    missing = runner.invoke(app, ["bench", "--summarize", str(out), "--profile", files["profile"]])
+    assert "no latency ratio is cached" in missing.output and "--compile`" in missing.output
+    grid = ["--profile", files["profile"], "--seq", "24", "--batch", "1", "--gammas", "3", "--repeat", "3",
+            "--threads", str(threads), "--json"]
+    compiled_step = compiled_module.CompiledStep.__call__
+    calls = []
+    monkeypatch.setattr(compiled_module.CompiledStep, "__call__",
+                        lambda self, *args: calls.append(self.role) or compiled_step(self, *args))
+    timed = runner.invoke(app, ["profile-latency", *grid, "--compile"])
+    assert timed.exit_code == 0, timed.stderr
+    result = json.loads(timed.stdout)
+    assert result["compiled"] and result["cache"].endswith("__compiled.json")
+    assert {"target", "draft"} <= set(calls) and "compiled the target's steps" in timed.stderr
+    calls.clear()
+    eager = json.loads(runner.invoke(app, ["profile-latency", *grid]).stdout)
+    assert not eager["compiled"] and eager["cache"] != result["cache"] and not calls
+    summary = runner.invoke(app, ["bench", "--summarize", str(out), "--profile", files["profile"], "--format", "json"])
+    eq1 = {row["drafter"]: row for row in json.loads(summary.stdout)["rows"] if row["category"] == "all"}
+    assert eq1["m"]["latency_ratio"] == pytest.approx(result["draft_ms"]["1,24"] / result["target_ms"]["24,3"],
+                                                      rel=1e-3)
+
+
+def test_profile_latency_compile_that_fails_is_one_line(files, monkeypatch):
+    def broken(function, **options):
+        def fail(*args, **kwargs):
+            raise RuntimeError("inductor could not build the graph")
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken)
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], "--seq", "24", "--batch", "1",
+                                 "--gammas", "3", "--repeat", "2", "--compile"])
+    assert_one_line_error(result, "--compile: compiling the target's step failed (RuntimeError: inductor could not "
+                                  "build the graph); nothing compiled is left to time, so run without --compile")
+
+
 def test_a_compile_failure_in_bench_falls_back_to_eager_and_keeps_every_record(files, tmp_path, monkeypatch):
     def broken(function, **options):
         def fail(*args, **kwargs):
@@ -389,4 +435,4 @@ def test_a_compile_failure_in_bench_falls_back_to_eager_and_keeps_every_record(f
     key = lambda r: (r["id"], r["drafter"])  # noqa: E731
     assert sorted((key(r), r["token_ids"]) for r in compiled) == sorted((key(r), r["token_ids"]) for r in eager)
     summary = runner.invoke(app, ["bench", "--summarize", str(out), "--profile", files["profile"]])
-    assert "the records were made with --compile, and profile-latency times the eager steps" in summary.output
+    assert "profile-latency" in summary.output and "--compile`" in summary.output  # the compiled latencies asked for

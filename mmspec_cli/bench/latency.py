@@ -14,7 +14,8 @@ synchronized clock on CPU. The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
 ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
 Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
-``bench`` can report Eq. (1). The cache key holds a fingerprint of the weights each name stands
+``bench`` can report Eq. (1); with ``--compile`` every step is timed as a compiled decoding loop runs it
+(compiled over its static state) and cached apart, for ``bench``'s records made with ``--compile``. The cache key holds a fingerprint of the weights each name stands
 for (:func:`weights_fingerprint`), so a retrained model, a new release of a shipped one or a new
 hub revision is profiled afresh instead of inheriting the old ratio. The ssd entry also says the
 layer it was timed at and its imitation network's name and fingerprint (:attr:`LatencyResult.ssd`),
@@ -56,6 +57,7 @@ class LatencyResult:
     head_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # head kind -> "S" -> ms of T_h(S)
     ssd_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "ssd", "ssd:plain" -> "S" -> ms of T_s(S)
     ssd: dict[str, Any] | None = None  # what ssd_ms timed: {"layer", "imitation" (name or None), "imitation_weights"}
+    compiled: bool = False  # timed as ``--compile`` runs them: each step compiled over its static state
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -203,6 +205,108 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
     return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: view.rollback(seq))
 
 
+class _Timing:
+    """The owner of a static state while :func:`compiled_steps` times it (a state's owner must be weakly referable)."""
+
+
+class CompiledFailed(Exception):
+    """A step could not be compiled, so ``--compile`` has nothing to time (its message says why)."""
+
+
+def _compiled(step, run: Callable[[], Any]) -> Callable[[], None]:
+    """``run`` (a call of the compiled ``step``) that raises :class:`CompiledFailed` when the step ran eager instead."""
+
+    def timed() -> None:
+        if run() is None:
+            raise CompiledFailed(f"compiling the {step.role}'s step failed ({step.failed or 'longer than the largest compiled size'})")
+
+    return timed
+
+
+def _static_state(module, purpose: str, needed: int):
+    from mmspec_cli.decoding.compiled import static_pool
+
+    state, _ = static_pool(module, purpose).claim(_Timing(), needed)
+    state.reset()
+    return state
+
+
+@torch.inference_mode()
+def compiled_step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer, role: str) -> float:
+    """:func:`step_latency_ms` as ``--compile`` runs the step: the model's compiled forward
+    (``compiled.compiled_forward``) over its static state; a batch of B > 1 rows under the additive padding
+    mask batched rows pass (all of a row's prefix visible)."""
+    from mmspec_cli.decoding.compiled import compiled_forward
+    from mmspec_cli.drafters.rows import additive_step_mask
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seq)
+    prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
+    step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
+    state = _static_state(model, "cached" if batch == 1 else f"rows{batch}", seq + new_tokens)
+    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,  # first write: eager
+          position_ids=TEXT_POSITIONS.chain(0, seq, model.device).expand(batch, -1))
+    state.wrote(seq)
+    positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1).contiguous()
+    mask = None
+    if batch > 1:
+        visible = torch.ones(batch, seq + new_tokens, dtype=torch.long, device=model.device)
+        mask = state.fit_mask(additive_step_mask(visible, new_tokens, model.dtype))
+    compiled = compiled_forward(model, role)
+    return timer.median_ms(run=_compiled(compiled, lambda: compiled(state, step, positions, mask)),
+                           reset=lambda: state.rollback(seq))
+
+
+@torch.inference_mode()
+def compiled_head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
+    """:func:`head_step_latency_ms` as ``--compile`` runs it: the head's compiled layer step over its static state,
+    then the target's LM head."""
+    from mmspec_cli.drafters.head import compiled_head_step
+    from mmspec_cli.models.head import causal_mask
+
+    weight = head.fc.weight
+    generator = torch.Generator().manual_seed(seq)
+    hidden = head.fc.in_features // 2
+    prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
+    entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
+    state = _static_state(head, "head", seq + 1)
+    head.body(prefix, torch.arange(seq, device=weight.device)[None],  # first write: eager
+              state.fit_mask(causal_mask(seq, 0, weight.dtype, weight.device)), state.cache)
+    state.wrote(seq)
+    position = torch.tensor([[seq]], device=weight.device)
+    mask = state.fit_mask(causal_mask(1, seq, weight.dtype, weight.device))
+    step = compiled_head_step(head, weight.device)
+
+    def run():
+        out = step(state, entry, position, mask)
+        return None if out is None else lm_head(out[0])
+
+    return timer.median_ms(run=_compiled(step, run), reset=lambda: state.rollback(seq))
+
+
+@torch.inference_mode()
+def compiled_ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer,
+                                 imitation: torch.nn.Module | None = None) -> float:
+    """:func:`ssd_step_latency_ms` as ``--compile`` runs it: the compiled early exit over a view of the target's
+    static state."""
+    from mmspec_cli.drafters.ssd import compiled_early_exit, early_exit_decoder
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(seq)
+    prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
+    ids = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
+    state = _static_state(model, "cached", seq + 1)
+    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,  # first write: eager
+          position_ids=TEXT_POSITIONS.chain(0, seq, model.device))
+    state.wrote(seq)
+    view = state.view(layer)
+    step = compiled_early_exit(model, layer, imitation, early_exit_decoder(model, layer, imitation),
+                               model.get_output_embeddings())
+    positions = TEXT_POSITIONS.chain(seq, 1, model.device)
+    return timer.median_ms(run=_compiled(step, lambda: step(view, ids, positions, None)),
+                           reset=lambda: view.rollback(seq))
+
+
 @dataclass(frozen=True)
 class SsdTiming:
     """What to time for ``ssd``: the profile's ``ssd.layer`` and its imitation network (loaded, and its name)."""
@@ -214,27 +318,36 @@ class SsdTiming:
 
 def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[int], seqs: Sequence[int],
             gammas: Sequence[int], timer: Timer, target_revision: str | None = None,
-            draft_revision: str | None = None, heads: dict | None = None, ssd: SsdTiming | None = None) -> LatencyResult:
+            draft_revision: str | None = None, heads: dict | None = None, ssd: SsdTiming | None = None,
+            compiled: bool = False) -> LatencyResult:
     """The grid of T_p(1, S, γ), T_q(B, S, 1) (when there is a ``draft``), T_h(S) of each of ``heads``
     (kind -> loaded head) and T_s(S) of ``ssd`` (with and without its imitation network; when it has none, the
-    one measurement is ``ssd``'s and ``ssd:plain``'s alike); ``target``/``draft`` are the loaded models."""
-    target_ms = {f"{s},{g}": step_latency_ms(target, 1, s, g, timer) for s in seqs for g in gammas}
-    draft_ms = {f"{b},{s}": step_latency_ms(draft, b, s, 1, timer) for b in batches for s in seqs} if draft else {}
+    one measurement is ``ssd``'s and ``ssd:plain``'s alike); ``target``/``draft`` are the loaded models.
+    ``compiled``: each step as ``--compile`` runs it (compiled over a static state; a step's first call, which
+    compiles it, is in the timer's warm-up); raises :class:`CompiledFailed` when a step can't be compiled."""
+    if compiled:
+        step = lambda model, b, s, n, role: compiled_step_latency_ms(model, b, s, n, timer, role)  # noqa: E731
+        head_step, ssd_step = compiled_head_step_latency_ms, compiled_ssd_step_latency_ms
+    else:
+        step = lambda model, b, s, n, role: step_latency_ms(model, b, s, n, timer)  # noqa: E731
+        head_step, ssd_step = head_step_latency_ms, ssd_step_latency_ms
+    target_ms = {f"{s},{g}": step(target, 1, s, g, "target") for s in seqs for g in gammas}
+    draft_ms = {f"{b},{s}": step(draft, b, s, 1, "draft") for b in batches for s in seqs} if draft else {}
     lm_head = target.get_output_embeddings()
-    head_ms = {kind: {str(s): head_step_latency_ms(head, lm_head, s, timer) for s in seqs}
+    head_ms = {kind: {str(s): head_step(head, lm_head, s, timer) for s in seqs}
                for kind, head in (heads or {}).items()}
     ssd_ms, ssd_setting = {}, None
     if ssd is not None:
         from mmspec_cli.choices import SSD_PLAIN
 
-        ssd_ms[SSD_PLAIN] = {str(s): ssd_step_latency_ms(target, ssd.layer, s, timer) for s in seqs}
+        ssd_ms[SSD_PLAIN] = {str(s): ssd_step(target, ssd.layer, s, timer) for s in seqs}
         ssd_ms["ssd"] = ssd_ms[SSD_PLAIN] if ssd.imitation is None else {
-            str(s): ssd_step_latency_ms(target, ssd.layer, s, timer, ssd.imitation) for s in seqs}
+            str(s): ssd_step(target, ssd.layer, s, timer, ssd.imitation) for s in seqs}
         named = ssd.imitation_name if ssd.imitation is not None else None
         ssd_setting = {"layer": ssd.layer, "imitation": named,
                        "imitation_weights": weights_fingerprint(named) if named else None}
     return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
-                         target_revision, draft_revision, head_ms, ssd_ms, ssd_setting)
+                         target_revision, draft_revision, head_ms, ssd_ms, ssd_setting, compiled)
 
 
 @dataclass(frozen=True)
@@ -306,25 +419,27 @@ def weights_fingerprint(model: str, revision: str | None = None) -> str:
 
 
 def cache_path(device: str, target: str, draft: str, target_revision: str | None = None,
-               draft_revision: str | None = None) -> Path:
+               draft_revision: str | None = None, compiled: bool = False) -> Path:
     slug = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-") for part in (device, target, draft))
     prints = [weights_fingerprint(target, target_revision), weights_fingerprint(draft, draft_revision)]
     if any(prints):
         slug += "__" + hashlib.sha1("|".join(prints).encode()).hexdigest()[:10]
-    return cache_dir() / f"{slug}.json"
+    return cache_dir() / f"{slug}{'__compiled' if compiled else ''}.json"
 
 
 def save(result: LatencyResult) -> Path:
-    path = cache_path(result.device, result.target, result.draft, result.target_revision, result.draft_revision)
+    path = cache_path(result.device, result.target, result.draft, result.target_revision, result.draft_revision,
+                      result.compiled)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(result), indent=2))
     return path
 
 
 def load(device: str, target: str, draft: str, target_revision: str | None = None,
-         draft_revision: str | None = None) -> LatencyResult | None:
-    """The cached result for this device and model pair (at these revisions, with these weights), or None."""
-    path = cache_path(device, target, draft, target_revision, draft_revision)
+         draft_revision: str | None = None, compiled: bool = False) -> LatencyResult | None:
+    """The cached result for this device and model pair (at these revisions, with these weights), or None;
+    ``compiled``: the one timed with ``--compile``."""
+    path = cache_path(device, target, draft, target_revision, draft_revision, compiled)
     if not path.exists():
         return None
     return LatencyResult(**json.loads(path.read_text()))

@@ -280,9 +280,11 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
                         f"draft {_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
     if profile.draft is None and not profile.head and profile.ssd.layer is None:
         return {}, {}, f"Eq. (1) not shown: profile {label} has no draft step to measure a latency ratio with"
-    if any(json.loads(r.get("ensemble") or "{}").get("compile") for rs in ours.values() for r in rs):
-        return {}, {}, ("Eq. (1) not shown: the records were made with --compile, and profile-latency times the "
-                        "eager steps; benchmarks/bench_compiled.py measures c compiled")
+    modes = {bool(json.loads(r.get("ensemble") or "{}").get("compile")) for rs in ours.values() for r in rs}
+    if len(modes) > 1:
+        return {}, {}, ("Eq. (1) not shown: some records were made with --compile and some without, each with its "
+                        "own latencies; summarise the files of one kind at a time")
+    compiled = modes == {True}  # the latencies profile-latency --compile timed
     from mmspec_cli.bench import latency
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.cli.profile_latency import NO_DRAFT
@@ -295,7 +297,8 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
         if threads not in cached:
             cached[threads] = latency.load(latency.device_name(device, threads), profile.target.model,
                                            profile.draft.model if profile.draft else NO_DRAFT,
-                                           profile.target.revision, profile.draft.revision if profile.draft else None)
+                                           profile.target.revision, profile.draft.revision if profile.draft else None,
+                                           compiled)
         return cached[threads]
 
     counts = {name: sorted({r.get("threads") for r in rs}, key=str) for name, rs in ours.items()}
@@ -303,7 +306,8 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     found = {name: measured_with(counts[name][0]) for name in ours if name not in mixed}
     every = {count for found_counts in counts.values() for count in found_counts}
     threads = next(iter(every)) if len(every) == 1 else None  # for the command a note gives
-    command = f"mmspec profile-latency --profile {label}{f' --threads {threads}' if threads else ''}"
+    command = (f"mmspec profile-latency --profile {label}{f' --threads {threads}' if threads else ''}"
+               f"{' --compile' if compiled else ''}")
     if found and not any(found.values()):
         return {}, {}, (f"Eq. (1) not shown: no latency ratio is cached for this device "
                         f"({latency.device_name(device, threads)}) and profile {label}'s models; run `{command}`")

@@ -3,6 +3,7 @@
 Measures T_p(1, S, γ) and T_q(B, S, 1) (TABED App. G), T_h(S) of each draft head and T_s(S) of
 ``ssd`` when the profile sets ``ssd.layer``, checks Remarks 1-3, prints each drafter's latency
 ratio c and the expected speedup of Eq. (1) for γ = 1..7, and caches the result for ``bench``.
+With ``--compile`` each step is timed as the compiled decoding loop runs it, and cached apart.
 Each drafter's Eq. (1) uses its own draft step: a head's T_h, ssd's T_s (``ssd`` never runs the
 draft model), the draft model's T_q for the others.
 """
@@ -28,6 +29,8 @@ NO_DRAFT = "none"  # the draft name of a profile that has only draft heads (cach
 DEFAULT_GAMMAS = "1,3,5,7"
 SsdLayer = flag_type("ssd_layer", "ssd: time the step of the target's first N decoder layers (default: the "
                                   "profile's ssd.layer).")
+Compile = flag_type("compile", "Time each step as --compile runs it (compiled over a static KV state; default: the "
+                               "profile's decoding.compile), cached apart for bench's records made with --compile.")
 
 
 def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
@@ -73,6 +76,7 @@ def profile_latency(
         "Draw the latency curves, in any format matplotlib writes (needs matplotlib)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     ssd_layer: SsdLayer = None,
+    compile: Compile = None,
     threads: Threads = None,
 ) -> None:
     """Measure T_p and T_q (and T_h per draft head, T_s for ssd), check TABED's Remarks 1-3, and print Eq. (1) speedups; cached for bench.
@@ -89,7 +93,7 @@ def profile_latency(
     if tau is not None and tau < 1:
         raise InputError(f"--tau: expected a block efficiency >= 1, got {tau}")
     taus = tau_from_results(results) if results is not None else ({"--tau": tau} if tau is not None else {})
-    chosen = apply_overrides(load_profile(profile), ssd_layer=ssd_layer)
+    chosen = apply_overrides(load_profile(profile), ssd_layer=ssd_layer, compile=compile)
     if chosen.draft is None and not chosen.head and chosen.ssd.layer is None:
         raise InputError("profile-latency times a draft step too; add a `draft:` section, a draft `head:` or "
                          "`ssd: {layer: N}` to the profile")
@@ -151,16 +155,30 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
         head = load_head(spec.model, spec.kind, spec.num_q, target, spec.revision)
         heads[head.kind] = head
     ssd = _ssd_timing(profile, target)
+    compiled = profile.decoding.compile
+    if compiled:
+        from mmspec_cli.cli.display import forget_compiling
+        from mmspec_cli.decoding.compiled import compile_blocker
+
+        for role, loaded in (("target", target), ("draft", draft)):
+            why = None if loaded is None else compile_blocker(loaded.model)
+            if why:
+                raise InputError(f"--compile: the {role} model can't be compiled here: {why}; run without --compile")
+        forget_compiling()
     from mmspec_cli.models.threads import apply_threads, busy_warning
 
     choice = apply_threads(threads, target.model)
     warning = busy_warning(choice, target.model.device.type == "cpu")
     if warning:
         typer.echo(warning, err=True)
-    timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)
-    result = latency.measure(target.model, draft and draft.model, profile.target.model,
-                             profile.draft.model if draft else NO_DRAFT, batches, seqs, gammas, timer,
-                             profile.target.revision, profile.draft.revision if draft else None, heads, ssd)
+    timer = latency.Timer(target.model.device, warmup=2, repeat=repeat)  # a compiled step compiles in its warm-up
+    try:
+        result = latency.measure(target.model, draft and draft.model, profile.target.model,
+                                 profile.draft.model if draft else NO_DRAFT, batches, seqs, gammas, timer,
+                                 profile.target.revision, profile.draft.revision if draft else None, heads, ssd,
+                                 compiled)
+    except latency.CompiledFailed as exc:
+        raise InputError(f"--compile: {exc}; nothing compiled is left to time, so run without --compile") from None
     try:
         path, unsaved = latency.save(result), None
     except OSError as exc:  # $MMSPEC_CACHE read-only, a file, on a full disk...
@@ -175,6 +193,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
                 for name, t in taus.items() if own[name]}
     if as_json:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
+                               "compiled": result.compiled,
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
                                "head_ms": result.head_ms, "head_latency_ratio": head_ratios,
                                "ssd_ms": result.ssd_ms, "ssd": result.ssd, "ssd_latency_ratio": ssd_ratios,
@@ -183,6 +202,10 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
                                "threads": choice.as_dict()}))
     else:
         _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, taus, batches[0], seqs[0], path)
+    if compiled:
+        from mmspec_cli.cli.display import report_compiling
+
+        report_compiling()
     if plot is not None:
         _plot(result, plot)
     if unsaved is not None:
@@ -231,7 +254,8 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
 
     # off a terminal rich would take its width from $COLUMNS (a GPU run's was about 15): tables as bench's
     console = Console(file=sys.stdout, width=None if is_terminal(sys.stdout) else 140)
-    console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}")
+    console.print(f"device: {result.device}   target: {result.target}   draft: {result.draft}"
+                  + ("   steps: compiled (--compile)" if result.compiled else ""))
     console.print(_grid("T_p(1, S, γ) ms: one target verification of γ tokens", result.seqs,
                         {f"γ={g}": (lambda s, g=g: result.t_p(s, g)) for g in result.gammas}))
     if result.draft_ms:

@@ -82,10 +82,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         runner.track_features()
         if runner.kv != self.kv:
             self.kv = runner.kv
-            layer, rotary = self.head.layers[0], self.head.rotary  # its parts: the registry's key stays collectable
-            self.compiled = shared_step(self.head, "body", lambda: lambda inputs, positions, mask, cache: (
-                layer_step(layer, rotary, inputs, positions, mask, cache),), "head", self.device) \
-                if self.kv == "compiled" else None
+            self.compiled = compiled_head_step(self.head, self.device) if self.kv == "compiled" else None
             self.chain = shared_chain(self.head, "greedy chain", self.compiled, lambda: greedy_chain(self.head)) \
                 if self.kv == "compiled" else None
             self._reset_head()
@@ -222,6 +219,14 @@ class HeadDrafter(TreeDrafting, Drafter):
     def tree_done(self) -> None:
         self._tree.drop(self.state)
         self._outputs = []
+
+
+def compiled_head_step(head: DraftHead, device: torch.device) -> CompiledStep:
+    """The one compiled step of ``head``'s layer in this process (``inputs, positions, mask, cache`` -> its outputs):
+    what a head drafts with under ``--compile``, and what ``profile-latency --compile`` times."""
+    layer, rotary = head.layers[0], head.rotary  # its parts: the registry's key stays collectable
+    return shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
+        layer_step(layer, rotary, inputs, positions, mask, cache),), "head", device)
 
 
 def greedy_chain(head: DraftHead) -> Callable:

@@ -100,6 +100,23 @@ def early_exit_decoder(model: Any, layers: int, imitation: torch.nn.Module | Non
     return view.eval()
 
 
+def compiled_early_exit(model: Any, layer: int, imitation: torch.nn.Module | None, decoder: torch.nn.Module,
+                        head: torch.nn.Module) -> CompiledStep:
+    """The one compiled early-exit step of ``model`` at ``layer`` (through ``imitation``) in this process, over the
+    target's static state: ``decoder`` (:func:`early_exit_decoder`) and the LM ``head`` on ``ids, positions, mask,
+    cache``. What ``ssd`` drafts with under ``--compile``, and what ``profile-latency --compile`` times."""
+
+    def make():
+        def early_exit(ids, positions, mask, cache):
+            hidden = decoder(input_ids=ids, **with_cache(cache), use_cache=True, position_ids=positions,
+                             attention_mask=mask).last_hidden_state
+            return (head(hidden),)
+        return early_exit
+
+    name = f"ssd-{layer}-{id(imitation)}"  # one per layer and imitation network
+    return shared_step(model, name, make, "ssd draft", model.device)
+
+
 def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, state: KVState, ids: torch.Tensor,
                       position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
                       ) -> torch.Tensor:
@@ -138,17 +155,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.runner = runner
         self.compiled = None
         if runner.kv == "compiled":  # the early exit's step, compiled over the target's static state
-            decoder, head = self.decoder, self.head
-
-            def make():
-                def early_exit(ids, positions, mask, cache):
-                    hidden = decoder(input_ids=ids, **with_cache(cache), use_cache=True, position_ids=positions,
-                                     attention_mask=mask).last_hidden_state
-                    return (head(hidden),)
-                return early_exit
-
-            name = f"ssd-{self.layer}-{id(self.imitation)}"  # one per layer and imitation network
-            self.compiled = shared_step(runner.model, name, make, "ssd draft", runner.device)
+            self.compiled = compiled_early_exit(runner.model, self.layer, self.imitation, self.decoder, self.head)
 
     def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
         self.prompt = process(self.target.processor, prompt_text, images)
