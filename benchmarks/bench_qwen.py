@@ -3,12 +3,12 @@
 There is no trained Qwen pair here, so on each tiny family of ``tests/tiny_qwen.py`` (random float64
 weights; the draft is the target with Gaussian noise, so it agrees often, not always; an ``eagle`` head
 trained for the target with ``mmspec train-head``), one ``mmspec bench`` run per family interleaves
-``ar, m, t, tabed, eagle, hf-assisted`` sample by sample on the same manifest (images of several sizes,
+``ar, m, t, p, tabed, eagle, hf-assisted`` sample by sample on the same manifest (images of several sizes,
 0 to 2 per sample), greedy, γ = 4. It prints block efficiency τ, ms per token and the measured speedup
 over ``ar`` per drafter, and the token check (every output against ``ar``'s). HF assisted generation's
 assistant does not receive the pixels (docs/BENCHMARKS.md says how that was checked).
 
-    python benchmarks/bench_qwen.py [--samples 12] [--out DIR]
+    python benchmarks/bench_qwen.py [--samples 12] [--steps 600] [--families qwen2_vl,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_demo_suites import fmt, machine, mmspec  # noqa: E402
 from tests import tiny, tiny_qwen  # noqa: E402
 
-DRAFTERS = "ar,m,t,tabed,eagle,hf-assisted"
+DRAFTERS = "ar,m,t,p,tabed,eagle,hf-assisted"
 QUESTIONS = ["what is in the image?", "describe the picture in detail", "how many shapes are there?",
              "what changed between the two images?"]
 
@@ -66,16 +66,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=12)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=600, help="train-head steps for the eagle head")
+    parser.add_argument("--families", default=",".join(tiny_qwen.FAMILIES))
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-qwen-"))
     print(f"machine: {machine()}")
-    for family in tiny_qwen.FAMILIES:
+    for family in args.families.split(","):
         root = out / family
         root.mkdir(parents=True, exist_ok=True)
         profile = build(root, family)
         data = manifest(root, args.samples)
+        # the demo heads' settings (scripts/train_demo_heads.py): greedy answers, no suffix, lr 3e-3
         mmspec("train-head", "eagle", str(data), "--profile", str(profile), "--out", str(root / "eagle"),
-               "--epochs", "4", "--answer-tokens", "48")
+               "--steps", str(args.steps), "--lr", "3e-3", "--answer-temperature", "0", "--answer-suffix", "",
+               "--answer-tokens", "48")
         records = root / "records.jsonl"
         summary = json.loads(mmspec("bench", str(data), "--profile", str(profile), "--drafters", DRAFTERS,
                                     "--out", str(records), "--format", "json"))
