@@ -311,9 +311,9 @@ def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(tiny_mod
 def test_a_steps_graph_is_built_with_options_torch_compile_accepts(device):
     """``torch.compile`` refuses a ``mode`` given with ``options`` when it is called, which here is at a step's
     first call, inside the fall-back: on an H100 every CUDA step ran eager with a warning, and no CPU run showed
-    it. Building a graph for a CUDA device needs no GPU, so it is checked here."""
+    it. torch checks the arguments when it is asked for the graph, which needs no GPU, so it is checked here."""
     graphs = compiled_module.CompiledGraphs(lambda x: x + 1, "target", torch.device(device))
-    graphs._graph(("size", 1))  # raises if torch.compile refuses its arguments
+    graphs._graph(("size", 1))  # asks torch.compile for the graph (nothing compiles yet): raises if it refuses
     options = compiled_module.compile_options(torch.device(device))
     assert options.get("triton.cudagraphs") is (True if device == "cuda" else None)
     assert options.get("cpp_wrapper") is (None if device == "cuda" else True)

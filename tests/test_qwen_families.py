@@ -10,14 +10,12 @@ offset on purpose show that the position handling is what makes it so.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from PIL import Image
 from transformers.utils import is_torchvision_available
 
-from mmspec_cli.decoding.compiled import compile_blocker
+from mmspec_cli.decoding.compiled import compile_blocker, compiled_forward
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.drafters import build_drafter
@@ -27,7 +25,7 @@ from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.views import multimodal_row, pooled_row
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models import families
-from mmspec_cli.models.loading import check_compatible, load_model
+from mmspec_cli.models.loading import check_compatible, load_model, with_pixel_bounds
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt, shrink_runs, text_only_ids
 from mmspec_cli.models.positions import MRopePositions
@@ -219,20 +217,26 @@ def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
     assert first_turn(target, drafter, None, tiny_qwen.images(2), **options).token_ids == refs[family, 2]
 
 
-@pytest.mark.parametrize("case", ["m", "mt-dynamic"])
+@pytest.mark.parametrize("case", ["m", "mtp-dynamic"])
 def test_compiled_decoding_is_the_targets_own(qwen, refs, case):
     """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
-    included (a padded step continues every axis), for a draft model's chain and for batched rows drafting a
-    dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds DeepStack features, eager. One family:
-    each compiles its own graphs, 20-60 s on this CPU."""
+    included (a padded step continues every axis), for a draft model's chain and for batched rows (a pooled one
+    among them) drafting a dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds DeepStack features,
+    eager. The target's tokens hold whatever the draft does, so the drafts themselves are compared with an eager
+    run's, block by block. One family: each compiles its own graphs, 20-60 s on this CPU."""
     models = qwen["qwen3_vl"]
     assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
-    name, options = ("m", {}) if case == "m" else ("mt", DYNAMIC)
-    decoder = speculative_decoder(models["target"], name, models["draft"], gamma=4, max_new_tokens=MAX_NEW,
-                                  kv="compiled", **options)
-    assert decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0].token_ids == refs["qwen3_vl", 2]
-    step = decoder.runner.compiled
-    assert step.failed is None and step.graphs.traced, "the target's steps ran eager"
+    name, options = ("m", {}) if case == "m" else ("mtp", DYNAMIC)
+    turns = {}
+    for kv in ("dynamic", "compiled"):
+        decoder = speculative_decoder(models["target"], name, models["draft"], gamma=4, max_new_tokens=MAX_NEW,
+                                      kv=kv, **options)
+        turns[kv] = decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0]
+    assert turns["compiled"].token_ids == refs["qwen3_vl", 2]
+    assert [b.draft for b in turns["compiled"].blocks] == [b.draft for b in turns["dynamic"].blocks]
+    for model, role in ((models["target"].model, "target"), (models["draft"].model, "draft")):
+        step = compiled_forward(model, role)  # the one the decoder used: one per model and process
+        assert step.failed is None and step.graphs.traced, f"the {role}'s steps ran eager"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -395,8 +399,9 @@ def test_a_qwen_target_with_a_llava_draft_is_refused(qwen, tiny_models):
 
 def test_pooled_rows_need_a_forward_that_takes_precomputed_image_features(qwen, monkeypatch):
     models = qwen["qwen2_vl"]
-    build_drafter("mp", models["target"], models["draft"])  # transformers 5.24's forward takes them
-    monkeypatch.setattr(rows_module.inspect, "signature", lambda fn: inspect.Signature())  # an older forward
+    assert rows_module.takes_encoder_outputs(models["draft"].model)  # transformers 5.24's forward takes them
+    build_drafter("mp", models["target"], models["draft"])
+    monkeypatch.setattr(rows_module, "takes_encoder_outputs", lambda model: False)  # an older forward
     with pytest.raises(ModelLoadError, match=r"pooled drafting \(p\) with a Qwen2VLForConditionalGeneration draft "
                                              r"needs a transformers whose forward takes precomputed image features"):
         build_drafter("mp", models["target"], models["draft"])
@@ -417,6 +422,15 @@ def test_the_profiles_pixel_bounds_set_each_images_vision_tokens_and_the_output_
 
     assert (vision_tokens(default), vision_tokens(bounded)) == (12, 1)
     assert first_turn(bounded, "m", qwen[family]["draft"], image).token_ids == reference(bounded, [QUESTION], [], image)
+
+
+def test_a_draft_sharing_the_targets_processor_bounds_its_own_copy(qwen):
+    target = qwen["qwen2_vl"]["target"]
+    spec = ModelSpec(model=target.name, max_pixels=2 * 28 * 28)
+    bounded = with_pixel_bounds(target.processor, spec, "draft", shared=target.processor)
+    assert bounded is not target.processor and bounded.image_processor is not target.processor.image_processor
+    assert bounded.image_processor.size["longest_edge"] == 2 * 28 * 28
+    assert target.processor.image_processor.size["longest_edge"] == (tiny_qwen.MAX_SIDE_PATCHES * 28) ** 2
 
 
 def test_pixel_bounds_on_a_fixed_size_image_processor_are_refused(tiny_dirs):

@@ -15,9 +15,10 @@ c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a bl
 ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
 Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
 ``bench`` can report Eq. (1); with ``--compile`` every step is timed as a compiled decoding loop runs it
-(compiled over its static state) and cached apart, for ``bench``'s records made with ``--compile``. The cache key holds a fingerprint of the weights each name stands
-for (:func:`weights_fingerprint`), so a retrained model, a new release of a shipped one or a new
-hub revision is profiled afresh instead of inheriting the old ratio. The ssd entry also says the
+(compiled over its static state) and cached apart, for ``bench``'s records made with ``--compile``.
+The cache key holds a fingerprint of the weights each name stands for (:func:`weights_fingerprint`),
+so a retrained model, a new release of a shipped one or a new hub revision is profiled afresh
+instead of inheriting the old ratio. The ssd entry also says the
 layer it was timed at and its imitation network's name and fingerprint (:attr:`LatencyResult.ssd`),
 which ``bench`` compares with its records' before using it.
 """
@@ -218,7 +219,8 @@ def _compiled(step, run: Callable[[], Any]) -> Callable[[], None]:
 
     def timed() -> None:
         if run() is None:
-            raise CompiledFailed(f"compiling the {step.role}'s step failed ({step.failed or 'longer than the largest compiled size'})")
+            why = step.failed or "longer than the largest compiled size"
+            raise CompiledFailed(f"compiling the {step.role}'s step failed ({why})")
 
     return timed
 

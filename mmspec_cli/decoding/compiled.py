@@ -180,7 +180,7 @@ class CompiledGraphs:
     target, a third of its whole compiled step (docs/BENCHMARKS.md). That is sound because the caller picks
     the graph by a key that holds everything a trace specialises on that can differ between its calls (for a
     step: the padded size, a mask or none, the state's capacity, batch, layers and cache class, the inputs'
-    dtype and rank); everything else a graph reads (keys, values, write pointers, positions, weights) is a
+    dtype and rank, the positions' rank); everything else a graph reads (keys, values, write pointers, positions, weights) is a
     tensor, read afresh at every call.
 
     A failure while compiling or running a graph turns every later call into None (the caller runs eager),
@@ -273,7 +273,7 @@ class CompiledStep:
         inputs, positions = inputs.contiguous(), positions.contiguous()
         mask = None if mask is None else mask.contiguous()
         shape = (size, mask is not None, state.capacity, inputs.shape[0],  # a grown state is a new graph
-                 inputs.dtype, inputs.dim(), len(state.cache.layers), type(state.cache))
+                 inputs.dtype, inputs.dim(), positions.dim(), len(state.cache.layers), type(state.cache))
         if not state.allocated:
             # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
             # traces: buffers first written inside a graph would make CUDA graphs skip every step ("mutated inputs").

@@ -68,7 +68,7 @@ def llava_parts(model):
     if model.config.model_type != "llava" or tower is None or projector is None or not isinstance(layer, int):
         raise ModelLoadError(
             f"batched ensemble and pooled drafting need a LLaVA-1.5-style draft (LlavaForConditionalGeneration, "
-            f"one vision feature layer; multimodal rows also take a Qwen-VL draft); got {type(model).__name__}; "
+            f"one vision feature layer) or a Qwen-VL one; got {type(model).__name__}; "
             f"use a single drafter such as m or t"
         )
     return tower, projector
@@ -138,10 +138,16 @@ def check_row_images(model, pooled: bool) -> None:
     its forward must take."""
     if not family_of(model).model_embeds_row_images:
         llava_parts(model)
-    elif pooled and "mm_encoder_outputs" not in inspect.signature(type(model.model).forward).parameters:
+    elif pooled and not takes_encoder_outputs(model):
         raise ModelLoadError(f"pooled drafting (p) with a {type(model).__name__} draft needs a transformers whose "
                              f"forward takes precomputed image features (mm_encoder_outputs; 5.24 does): upgrade "
                              f"transformers, or use m, t, c or an ensemble of them")
+
+
+def takes_encoder_outputs(model) -> bool:
+    """Whether a Qwen-VL model's forward takes precomputed image features (``mm_encoder_outputs``: transformers
+    5.24 does), which pooled rows hand it."""
+    return "mm_encoder_outputs" in inspect.signature(type(model.model).forward).parameters
 
 
 def encoded_row_images(model, rows: Sequence[Row]) -> Any:

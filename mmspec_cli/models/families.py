@@ -121,9 +121,9 @@ class QwenVLFamily(LlavaFamily):
 
     def pooled_grid(self, grid: torch.Tensor, kernel: int) -> torch.Tensor:
         """``image_grid_thw`` (n, 3) of images whose merged patch grid is average-pooled ``kernel``×``kernel``
-        (:meth:`pool_image_features`): each frame's (h/m, w/m) merged grid becomes (⌈h/m/k⌉, ⌈w/m/k⌉), given back in
-        patches (× m) as the processor gives a grid, so ``get_rope_index`` lays the pooled tokens out as an image of
-        that size."""
+        (:meth:`pool_image_features`): each frame's (h/m, w/m) merged grid becomes (⌈h/m/k⌉, ⌈w/m/k⌉), given
+        back in patches (× m) as the processor gives a grid, so ``get_rope_index`` lays the pooled tokens out as an
+        image of that size."""
         merge = self.config.vision_config.spatial_merge_size
         t, h, w = grid.unbind(-1)
         return torch.stack([t, -(-(h // merge) // kernel) * merge, -(-(w // merge) // kernel) * merge], dim=-1)

@@ -324,9 +324,11 @@ def with_pixel_bounds(processor: Any, spec: Any, role: str, shared: Any = None) 
     images = getattr(processor, "image_processor", None)
     size = getattr(images, "size", None)
     edge = (lambda key: size.get(key)) if isinstance(size, dict) else (lambda key: getattr(size, key, None))
-    if images is None or not hasattr(images, "merge_size") or edge("shortest_edge") is None or edge("longest_edge") is None:
-        raise ModelLoadError(f"{role}.min_pixels/max_pixels: '{spec.model}' has a {type(images).__name__}, which "
-                             f"does not resize to a pixel range (those keys are Qwen-VL's); remove them")
+    if images is None or not hasattr(images, "merge_size") or None in (edge("shortest_edge"), edge("longest_edge")):
+        what = "no image processor" if images is None else \
+            f"a {type(images).__name__}, which does not resize to a pixel range"
+        raise ModelLoadError(f"{role}.min_pixels/max_pixels: '{spec.model}' has {what} (those keys are Qwen-VL's); "
+                             f"remove them")
     bounds = {key: edge(key) if value is None else value for key, value in bounds.items()}
     if bounds["shortest_edge"] > bounds["longest_edge"]:
         raise ModelLoadError(f"{role}: min_pixels {bounds['shortest_edge']} is larger than max_pixels "

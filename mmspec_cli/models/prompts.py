@@ -170,7 +170,7 @@ def process(processor: Any, text: str, images: Sequence[Any]) -> ModelPrompt:
     try:
         batch = processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
     except ValueError as exc:  # an image its resizing rules can't take (Qwen-VL: an aspect ratio over 200:1)
-        if not images:
+        if not images or "aspect ratio" not in str(exc):
             raise
         sizes = ", ".join(f"{getattr(image, 'width', '?')}x{getattr(image, 'height', '?')}" for image in images)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -56,22 +56,19 @@ class LayerMeasurement:
 
 
 def _decode(models: ModelSet, drafter: str, samples: Sequence[Sample], ssd_layer: int | None = None,
-            imitation: Any = None) -> list[tuple[Sample, list, Generation]]:
-    """Decode every sample with ``drafter`` after one short untimed warm-up turn."""
+            imitation: Any = None) -> list[tuple[Sample, tuple[list, dict[int, list]], Generation]]:
+    """Decode every sample with ``drafter`` after one short untimed warm-up turn; with each, its images (the
+    opening ones, and {question index: the images it brings})."""
     decoder = models.decoder(drafter, ssd_layer=ssd_layer, imitation=imitation)
     loaded = [(sample, load_sample_images(sample), load_turn_images(sample, len(sample.turns))) for sample in samples]
     if loaded:
         sample, images, brought = loaded[0]
         decoder.generate(images, list(sample.turns[:1]), history=sample.history,
-                         max_new_tokens=min(WARMUP_TOKENS, decoder.max_new_tokens), turn_images=first_question_images(brought))
+                         max_new_tokens=min(WARMUP_TOKENS, decoder.max_new_tokens),
+                         turn_images={0: brought[0]} if 0 in brought else None)  # the warm-up asks one question
     return [(sample, (images, brought), decoder.generate(images, list(sample.turns), history=sample.history,
                                                          turn_images=brought))
             for sample, images, brought in loaded]
-
-
-def first_question_images(brought: dict[int, list]) -> dict[int, list]:
-    """The images the first turn brings (the warm-up turn asks it alone)."""
-    return {index: images for index, images in brought.items() if index == 0}
 
 
 @torch.inference_mode()

@@ -99,11 +99,11 @@ def read_image_bytes(path: str | Path) -> bytes:
 
 def from_sample(sample: Sample) -> Conversation:
     """A bench sample as a conversation: its opening images, then the images its later questions bring."""
-    brought = sample.brought(len(sample.turns))
-    files = list(sample.images) + [image for index in sorted(brought) for image in brought[index]]
+    turns = len(sample.turns)
+    brought = sample.brought(turns)
+    files = images_shown(sample.images, brought, turns - 1)  # every image, in the order the last prompt shows them
     return Conversation(sample.id, tuple(sample.turns), tuple(sample.history),
-                        lambda: load_sample_images(sample) + [image for index, images in sorted(
-                            load_turn_images(sample, len(sample.turns)).items()) for image in images],
+                        lambda: images_shown(load_sample_images(sample), load_turn_images(sample, turns), turns - 1),
                         lambda: (len(files), fingerprint(files)),
                         tuple((index, len(brought[index])) for index in sorted(brought)))
 
