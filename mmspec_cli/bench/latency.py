@@ -207,7 +207,7 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
 
 
 class _Timing:
-    """The owner of a static state while :func:`compiled_steps` times it (a state's owner must be weakly referable)."""
+    """The owner of a static state while a compiled step is timed (a state's owner must be weakly referable)."""
 
 
 class CompiledFailed(Exception):

@@ -25,8 +25,8 @@ the state used by another since feeds its prompt again.
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
-:func:`compile_options`; run on an H100, docs/BENCHMARKS.md). Inductor keeps what it compiled on disk (:func:`inductor_cache_dir`), so a second
-process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
+:func:`compile_options`; run on an H100, docs/BENCHMARKS.md). Inductor keeps what it compiled on disk
+(:func:`inductor_cache_dir`), so a second process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
 
 **Failures.** :func:`compile_blocker` says why a model can't be compiled before anything runs (no
 C++ compiler, a device other than CPU or CUDA, a quantized model, a decoder whose cache layers
@@ -180,8 +180,8 @@ class CompiledGraphs:
     target, a third of its whole compiled step (docs/BENCHMARKS.md). That is sound because the caller picks
     the graph by a key that holds everything a trace specialises on that can differ between its calls (for a
     step: the padded size, a mask or none, the state's capacity, batch, layers and cache class, the inputs'
-    dtype and rank, the positions' rank); everything else a graph reads (keys, values, write pointers, positions, weights) is a
-    tensor, read afresh at every call.
+    dtype and rank, the positions' rank); everything else a graph reads (keys, values, write pointers,
+    positions, weights) is a tensor, read afresh at every call.
 
     A failure while compiling or running a graph turns every later call into None (the caller runs eager),
     with one line on stderr; ``partner`` (a model's step, for its greedy chain) shares it both ways, so a
