@@ -146,17 +146,28 @@ class Timer:
         return (time.perf_counter() - begin) * 1000.0
 
 
-@torch.inference_mode()
-def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) -> float:
-    """Median time of one forward of ``new_tokens`` tokens per row after a cached prefix of ``seq``."""
+def random_ids(model, batch: int, seq: int, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random prefix (B, S) and the ``new_tokens`` fed after it (B, n), the same for every ``seq`` in a process."""
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(seq)
-    prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
-    step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
-    state = DynamicKV(config=model.config)
+    prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)
+    return prefix, torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)
+
+
+def fill(model, state, prefix: torch.Tensor) -> None:
+    """Feed ``prefix`` (B, S) into ``state`` through the whole model, eager (a static state's first write is)."""
+    batch, seq = prefix.shape
     model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,
           position_ids=TEXT_POSITIONS.chain(0, seq, model.device).expand(batch, -1))
     state.wrote(seq)
+
+
+@torch.inference_mode()
+def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) -> float:
+    """Median time of one forward of ``new_tokens`` tokens per row after a cached prefix of ``seq``."""
+    prefix, step = random_ids(model, batch, seq, new_tokens)
+    state = DynamicKV(config=model.config)
+    fill(model, state, prefix)
     positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1)
     return timer.median_ms(
         run=lambda: model(input_ids=step, **with_cache(state.cache), use_cache=True, logits_to_keep=new_tokens,
@@ -193,14 +204,9 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
     and the LM head, through the drafter's own code."""
     from mmspec_cli.drafters.ssd import early_exit_decoder, early_exit_logits
 
-    vocab = model.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(seq)
-    prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
-    step = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
+    prefix, step = random_ids(model, 1, seq, 1)
     state = DynamicKV(config=model.config)
-    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,
-          position_ids=TEXT_POSITIONS.chain(0, seq, model.device))  # the target's own cache
-    state.wrote(seq)
+    fill(model, state, prefix)  # the target's own cache
     decoder, head = early_exit_decoder(model, layer, imitation), model.get_output_embeddings()
     view = state.view(layer)  # the first `layer` layers of the target's cache, as ssd drafts in it
     return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: view.rollback(seq))
@@ -241,14 +247,9 @@ def compiled_step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer
     from mmspec_cli.decoding.compiled import compiled_forward
     from mmspec_cli.drafters.rows import additive_step_mask
 
-    vocab = model.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(seq)
-    prefix = torch.randint(5, vocab, (batch, seq), generator=generator).to(model.device)  # (B, S)
-    step = torch.randint(5, vocab, (batch, new_tokens), generator=generator).to(model.device)  # (B, n)
+    prefix, step = random_ids(model, batch, seq, new_tokens)
     state = _static_state(model, "cached" if batch == 1 else f"rows{batch}", seq + new_tokens)
-    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,  # first write: eager
-          position_ids=TEXT_POSITIONS.chain(0, seq, model.device).expand(batch, -1))
-    state.wrote(seq)
+    fill(model, state, prefix)
     positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1).contiguous()
     mask = None
     if batch > 1:
@@ -293,14 +294,9 @@ def compiled_ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer,
     static state."""
     from mmspec_cli.drafters.ssd import compiled_early_exit, early_exit_decoder
 
-    vocab = model.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(seq)
-    prefix = torch.randint(5, vocab, (1, seq), generator=generator).to(model.device)  # (1, S)
-    ids = torch.randint(5, vocab, (1, 1), generator=generator).to(model.device)  # (1, 1)
+    prefix, ids = random_ids(model, 1, seq, 1)
     state = _static_state(model, "cached", seq + 1)
-    model(input_ids=prefix, **with_cache(state.cache), use_cache=True, logits_to_keep=1,  # first write: eager
-          position_ids=TEXT_POSITIONS.chain(0, seq, model.device))
-    state.wrote(seq)
+    fill(model, state, prefix)
     view = state.view(layer)
     step = compiled_early_exit(model, layer, imitation, early_exit_decoder(model, layer, imitation),
                                model.get_output_embeddings())
