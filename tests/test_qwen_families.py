@@ -10,11 +10,15 @@ offset on purpose show that the position handling is what makes it so.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from PIL import Image
+from typer.testing import CliRunner
 from transformers.utils import is_torchvision_available
 
+from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.compiled import compile_blocker, compiled_forward
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.kv import CachedModel
@@ -32,7 +36,7 @@ from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
-from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, speculative_decoder
+from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, speculative_decoder, write_profile
 from tests.test_heads import random_head
 
 MAX_NEW = 16
@@ -387,6 +391,23 @@ def test_dropping_the_offset_changes_the_output(qwen, refs, monkeypatch):
     """End to end on Qwen3-VL (whose tiny output depends on it visibly): without δ, not the target's tokens."""
     monkeypatch.setattr(families.QwenVLFamily, "positions", lambda self, offset=0: MRopePositions(0))
     assert first_turn(qwen["qwen3_vl"]["target"], "ar", None, tiny_qwen.images(2)).token_ids != refs["qwen3_vl", 2]
+
+
+def test_select_layer_reads_a_qwen_targets_layers_at_its_own_positions(qwen, tmp_path):
+    """``select-layer`` runs the target over each turn's prompt and answer at explicit M-RoPE positions (the
+    prompt's from ``get_rope_index``, the answer's after its offset): left to the model, the prompt's token types
+    did not cover the answer and the forward failed. Two images, one of them brought by the second question."""
+    target = qwen["qwen2_vl"]["target"]
+    profile = write_profile(tmp_path / "p.yaml", target.name, qwen["qwen2_vl"]["draft"].name, max_new_tokens=6)
+    for i, image in enumerate(tiny_qwen.images(2)):
+        image.save(tmp_path / f"img{i}.png")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "s", "images": ["img0.png"], "category": "c",
+                                    "turns": [QUESTION, {"question": FOLLOW_UP, "images": ["img1.png"]}]}) + "\n")
+    result = CliRunner().invoke(app, ["select-layer", str(manifest), "--profile", profile, "--json"])
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["samples"] == 1 and out["positions"] > 6 and len(out["layers"]) == out["layers_total"] // 2
 
 
 # --------------------------------------------------------------------------- refusals

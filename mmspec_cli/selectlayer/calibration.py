@@ -22,6 +22,7 @@ from mmspec_cli.api import ModelSet
 from mmspec_cli.choices import SSD_PLAIN
 from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
+from mmspec_cli.models.families import family_of
 from mmspec_cli.models.parts import text_decoder
 from mmspec_cli.decoding.events import BlockVerified, Generation
 from mmspec_cli.selectlayer.reward import max_confidence_sums
@@ -82,6 +83,7 @@ def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Seque
     sums = dict.fromkeys(layers, 0.0)
     imitated = 0.0
     positions = 0
+    family = family_of(target.model)
     runs = _decode(models, "ar", samples)
     for sample, (images, brought), generation in runs:
         answers: list[str] = []
@@ -91,7 +93,12 @@ def layer_confidences(models: ModelSet, samples: Sequence[Sample], layers: Seque
             prompt = process(target.processor, text, images_shown(images, brought, turn))
             ids = torch.tensor([prompt.ids + result.token_ids], device=target.model.device)  # (1, S)
             vision = {k: to_model(v, target.model) for k, v in prompt.vision.items()}
-            out = target.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, **vision)
+            # explicit positions, as decoding fed them: the prompt's (Qwen-VL: get_rope_index, whose token types
+            # cover the prompt alone), then the answer's after the prompt's rope offset
+            at, offset = family.prompt_positions(target.model, prompt.ids, vision, ids.device)
+            after = family.positions(offset).chain(len(prompt.ids), len(result.token_ids), ids.device)
+            out = target.model(input_ids=ids, position_ids=torch.cat([at, after], dim=-1), output_hidden_states=True,
+                               logits_to_keep=1, **vision)
             # the positions whose next token was generated: the prompt's last one and all answer tokens but the last
             predicting = torch.arange(len(prompt.ids) - 1, ids.shape[1] - 1, device=ids.device)  # (P,)
             for layer, total in max_confidence_sums(out.hidden_states, predicting, layers, decoder.norm, head).items():
