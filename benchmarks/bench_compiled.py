@@ -24,7 +24,7 @@ ratios are printed.
 ``--cold`` also measures compile time in two fresh processes sharing an empty inductor cache: the first
 compiles from nothing, the second finds the first's code on disk.
 
-    python benchmarks/bench_compiled.py [--limit 10] [--cold] [--configs ar,m,eagle,eagle+tree]
+    python benchmarks/bench_compiled.py [--limit 10] [--cold] [--configs ar,m,eagle,eagle+tree] [--gamma 5]
 
 ``--configs`` runs fewer drafters (``ar`` always runs: every ratio is over it); on a GPU, compiling every
 drafter's steps for CUDA graphs takes minutes, so a short lease runs a few.
@@ -207,12 +207,15 @@ def compile_once() -> None:
 
 
 def main() -> None:
+    global GAMMA  # --gamma sets the draft length every function here reads
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=10, help="samples per suite (demo-single, demo-story)")
     parser.add_argument("--cold", action="store_true", help="also time compiling in two fresh processes")
     parser.add_argument("--configs", default=",".join(ALL_CONFIGS),
                         help="drafters to run (drafter+tree: its dynamic tree); ar is always run")
+    parser.add_argument("--gamma", type=int, default=GAMMA, help="draft length γ of every chain (default 5)")
     args = parser.parse_args()
+    GAMMA = args.gamma
     configs = ["ar"] + [c for c in args.configs.split(",") if c and c != "ar"]
     unknown = [c for c in configs if c not in ALL_CONFIGS]
     if unknown:
@@ -260,7 +263,7 @@ def main() -> None:
             if not LOG.compiles:  # every compiled step fell back to eager (stderr says why): the table would mislead
                 raise SystemExit("nothing compiled in the warm-up: the compiled rows would be eager (stderr says why)")
         warm = False
-    steps = step_times(models)
+    steps = step_times(models, gamma=GAMMA)
     hf = quartiles(times["HF generate"])[0]
     hf_all = quartiles(times["HF processor + generate"])[0]
     print(f"\n{len(samples)} samples (first turn), greedy, γ = {GAMMA}; outputs identical to HF generate: "

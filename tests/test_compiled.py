@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -317,6 +318,31 @@ def test_a_steps_graph_is_built_with_options_torch_compile_accepts(device):
     options = compiled_module.compile_options(torch.device(device))
     assert options.get("triton.cudagraphs") is (True if device == "cuda" else None)
     assert options.get("cpp_wrapper") is (None if device == "cuda" else True)
+
+
+def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeypatch):
+    """transformers' SDPA attention decides at trace time whether to pass ``enable_gqa`` or to copy the key/value
+    heads once per query head (a copy of the whole static cache of each layer, every step). A CPU graph is traced
+    with ``enable_gqa`` and keeps it after the switch is put back; the environment is left as it was."""
+    from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
+
+    monkeypatch.delenv(compiled_module.FORCE_GQA, raising=False)
+    mask, key = torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 8)
+    assert not use_gqa_in_sdpa(mask, key, key)  # what an eager forward with a mask does
+
+    def attends_groups(x):
+        return x + 1 if use_gqa_in_sdpa(mask, key, key) else x
+
+    graphs = compiled_module.CompiledGraphs(attends_groups, "target", torch.device("cpu"))
+    assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # traced with the switch on
+    assert compiled_module.FORCE_GQA not in os.environ
+    assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # the graph kept it
+    with compiled_module.grouped_query_attention(False):
+        assert not use_gqa_in_sdpa(mask, key, key)
+    monkeypatch.setenv(compiled_module.FORCE_GQA, "0")
+    with compiled_module.grouped_query_attention(True):
+        assert use_gqa_in_sdpa(mask, key, key)
+    assert os.environ[compiled_module.FORCE_GQA] == "0"
 
 
 def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(tiny_models, joint, monkeypatch):

@@ -25,7 +25,8 @@ the state used by another since feeds its prompt again.
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
-:func:`compile_options`; run on an H100, docs/BENCHMARKS.md). Inductor keeps what it compiled on disk
+:func:`compile_options`; run on an H100, docs/BENCHMARKS.md). A CPU graph is traced with grouped-query
+attention in place of repeated key/value heads (:func:`grouped_query_attention`). Inductor keeps what it compiled on disk
 (:func:`inductor_cache_dir`), so a second process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
 
 **Failures.** :func:`compile_blocker` says why a model can't be compiled before anything runs (no
@@ -36,11 +37,13 @@ one line on stderr; the output is unchanged, since the eager forward computes th
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +175,38 @@ class StaticPool:
         return self.state, mine
 
 
+#: transformers' own switch (``integrations/sdpa_attention.py``) that makes its SDPA attention pass ``enable_gqa``
+#: instead of repeating the key/value heads (``repeat_kv``) when a mask is given; it reads it while a graph is traced.
+FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+@contextmanager
+def grouped_query_attention(on: bool) -> Iterator[None]:
+    """While ``on``: transformers' SDPA attention attends each key/value head for its group of query heads
+    (``enable_gqa``) rather than copying the keys and values once per query head first.
+
+    A step over a static state always has a mask (the state's unused slots), and with a mask transformers repeats
+    the heads: in a compiled step that is a copy of each layer's whole cache, every step. On CPU the flash kernel
+    takes ``enable_gqa`` with a mask; on the demo target it made the compiled one-token step take 0.78-0.88 of the
+    time and a six-token one 0.90-0.97, with logits equal to the last bit (``benchmarks/bench_gqa.py``,
+    docs/BENCHMARKS.md). It is set only while a CPU graph is traced, which bakes it into that graph; eager forwards
+    (and HF ``generate``) are not touched. Not on CUDA: there SDPA with both a mask and ``enable_gqa`` leaves the
+    fused kernels for the math one (transformers checks for that), and no GPU run has measured it.
+    """
+    if not on:
+        yield
+        return
+    before = os.environ.get(FORCE_GQA)
+    os.environ[FORCE_GQA] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(FORCE_GQA, None)
+        else:
+            os.environ[FORCE_GQA] = before
+
+
 class CompiledGraphs:
     """``fn`` compiled once per key: a graph per step shape, or per length of a greedy chain.
 
@@ -195,6 +230,8 @@ class CompiledGraphs:
         self.device = device
         self._graphs: dict[tuple, Callable] = {}
         self._traced: set[tuple] = set()  # keys whose first call compiled their graph (counted in LOG)
+        # whether graphs are traced under grouped_query_attention (CPU); benchmarks/bench_gqa.py turns it off for its baseline
+        self.grouped_query = device.type == "cpu"
 
     @property
     def failed(self) -> str | None:
@@ -221,15 +258,17 @@ class CompiledGraphs:
         if self.failed:
             return None
         start = time.perf_counter()
+        tracing = key not in self._traced
         try:
-            outputs = self._graph(key)(*args)
+            with grouped_query_attention(tracing and self.grouped_query):
+                outputs = self._graph(key)(*args)
         except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
             LOG.spent(self.role, time.perf_counter() - start)
             self._failure[0] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             print(f"warning: compiling the {self.role}'s forward failed ({self.failed}); it runs eager from now on",
                   file=sys.stderr)
             return None
-        if key not in self._traced:
+        if tracing:
             self._traced.add(key)
             LOG.add(self.role, key, time.perf_counter() - start)
         return outputs
