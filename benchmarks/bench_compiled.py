@@ -177,7 +177,7 @@ def cold_compile() -> list[float]:
     """Compile seconds of two fresh processes over one empty inductor cache (the first and the second)."""
     cache = tempfile.mkdtemp(prefix="mmspec-inductor-")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    code = ("import sys; sys.path.insert(0, 'benchmarks'); import bench_compiled as b; b.compile_once()")
+    code = f"import sys; sys.path.insert(0, 'benchmarks'); import bench_compiled as b; b.GAMMA = {GAMMA}; b.compile_once()"
     seconds = []
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -37,7 +37,7 @@ def quartiles(values: list[float]) -> str:
 
 
 def copies(target):
-    """name -> (LoadedModel over its own copy of the target's weights, whether its graphs attend grouped)."""
+    """name ("grouped", "repeated") -> a LoadedModel over its own copy of the target's weights."""
     return {"grouped": dataclasses.replace(target, model=copy.deepcopy(target.model)),
             "repeated": dataclasses.replace(target, model=copy.deepcopy(target.model))}
 

@@ -26,8 +26,9 @@ the state used by another since feeds its prompt again.
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
 :func:`compile_options`; run on an H100, docs/BENCHMARKS.md). A CPU graph is traced with grouped-query
-attention in place of repeated key/value heads (:func:`grouped_query_attention`). Inductor keeps what it compiled on disk
-(:func:`inductor_cache_dir`), so a second process compiles faster. :data:`LOG` counts compile time apart: ``TurnClock`` leaves it out of a turn.
+attention in place of repeated key/value heads (:func:`grouped_query_attention`). Inductor keeps what it
+compiled on disk (:func:`inductor_cache_dir`), so a second process compiles faster. :data:`LOG` counts
+compile time apart: ``TurnClock`` leaves it out of a turn.
 
 **Failures.** :func:`compile_blocker` says why a model can't be compiled before anything runs (no
 C++ compiler, a device other than CPU or CUDA, a quantized model, a decoder whose cache layers
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import types
 import weakref
@@ -175,9 +177,12 @@ class StaticPool:
         return self.state, mine
 
 
-#: transformers' own switch (``integrations/sdpa_attention.py``) that makes its SDPA attention pass ``enable_gqa``
-#: instead of repeating the key/value heads (``repeat_kv``) when a mask is given; it reads it while a graph is traced.
+#: transformers' own switch (``integrations/sdpa_attention.py``, transformers 5.23 and later) that makes its SDPA
+#: attention pass ``enable_gqa`` instead of repeating the key/value heads (``repeat_kv``) when a mask is given.
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+_GQA_LOCK = threading.Lock()
+_GQA_HOLDERS: list[str | None] = []  # the value before the first holder, once per holder still inside
 
 
 @contextmanager
@@ -187,24 +192,31 @@ def grouped_query_attention(on: bool) -> Iterator[None]:
 
     A step over a static state always has a mask (the state's unused slots), and with a mask transformers repeats
     the heads: in a compiled step that is a copy of each layer's whole cache, every step. On CPU the flash kernel
-    takes ``enable_gqa`` with a mask; on the demo target it made the compiled one-token step take 0.78-0.88 of the
-    time and a six-token one 0.90-0.97, with logits equal to the last bit (``benchmarks/bench_gqa.py``,
-    docs/BENCHMARKS.md). It is set only while a CPU graph is traced, which bakes it into that graph; eager forwards
-    (and HF ``generate``) are not touched. Not on CUDA: there SDPA with both a mask and ``enable_gqa`` leaves the
-    fused kernels for the math one (transformers checks for that), and no GPU run has measured it.
+    takes ``enable_gqa`` with a mask; on the demo target it made the compiled one-token step take 0.78-0.82 of the
+    time and a six-token one 0.90-0.93 on a quiet machine, with logits equal to the last bit
+    (``benchmarks/bench_gqa.py``, docs/BENCHMARKS.md). :class:`CompiledGraphs` turns it on for a CPU graph's first
+    call, whose trace bakes it into the graph (no guard re-reads it), and puts the environment back after; the
+    switch is the process's, so a forward that another thread runs during that call sees it too (the same numbers
+    on CPU). Not for CUDA graphs: there SDPA with both a mask and ``enable_gqa`` leaves the fused kernels for the
+    math one (transformers checks for that), and no GPU run has measured it. A transformers older than 5.23 does
+    not read the switch, and the graphs repeat the heads as before.
     """
     if not on:
         yield
         return
-    before = os.environ.get(FORCE_GQA)
-    os.environ[FORCE_GQA] = "1"
+    with _GQA_LOCK:  # threads tracing at once: the first saves the value, the last puts it back
+        _GQA_HOLDERS.append(os.environ.get(FORCE_GQA) if not _GQA_HOLDERS else _GQA_HOLDERS[0])
+        os.environ[FORCE_GQA] = "1"
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(FORCE_GQA, None)
-        else:
-            os.environ[FORCE_GQA] = before
+        with _GQA_LOCK:
+            before = _GQA_HOLDERS.pop()
+            if not _GQA_HOLDERS:
+                if before is None:
+                    os.environ.pop(FORCE_GQA, None)
+                else:
+                    os.environ[FORCE_GQA] = before
 
 
 class CompiledGraphs:
@@ -230,8 +242,9 @@ class CompiledGraphs:
         self.device = device
         self._graphs: dict[tuple, Callable] = {}
         self._traced: set[tuple] = set()  # keys whose first call compiled their graph (counted in LOG)
-        # whether graphs are traced under grouped_query_attention (CPU); benchmarks/bench_gqa.py turns it off for its baseline
-        self.grouped_query = device.type == "cpu"
+        # whether graphs are traced under grouped_query_attention: on CPU, where graphs have no guards (a guard on
+        # the switch would retrace each graph without it at its next call); benchmarks/bench_gqa.py turns it off
+        self.grouped_query = device.type == "cpu" and SKIP_GUARDS is not None
 
     @property
     def failed(self) -> str | None:
