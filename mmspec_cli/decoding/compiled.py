@@ -181,8 +181,17 @@ class StaticPool:
 #: attention pass ``enable_gqa`` instead of repeating the key/value heads (``repeat_kv``) when a mask is given.
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
-_GQA_LOCK = threading.Lock()
-_GQA_HOLDERS: list[str | None] = []  # the value before the first holder, once per holder still inside
+
+@dataclass
+class _SwitchHolders:
+    """How many first calls hold :data:`FORCE_GQA` on now, and its value before the first of them."""
+
+    count: int = 0
+    before: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_GQA = _SwitchHolders()
 
 
 @contextmanager
@@ -204,19 +213,21 @@ def grouped_query_attention(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    with _GQA_LOCK:  # threads tracing at once: the first saves the value, the last puts it back
-        _GQA_HOLDERS.append(os.environ.get(FORCE_GQA) if not _GQA_HOLDERS else _GQA_HOLDERS[0])
+    with _GQA.lock:  # threads tracing at once: the first saves the value, the last puts it back
+        if not _GQA.count:
+            _GQA.before = os.environ.get(FORCE_GQA)
+        _GQA.count += 1
         os.environ[FORCE_GQA] = "1"
     try:
         yield
     finally:
-        with _GQA_LOCK:
-            before = _GQA_HOLDERS.pop()
-            if not _GQA_HOLDERS:
-                if before is None:
+        with _GQA.lock:
+            _GQA.count -= 1
+            if not _GQA.count:
+                if _GQA.before is None:
                     os.environ.pop(FORCE_GQA, None)
                 else:
-                    os.environ[FORCE_GQA] = before
+                    os.environ[FORCE_GQA] = _GQA.before
 
 
 class CompiledGraphs:
