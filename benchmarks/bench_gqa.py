@@ -3,7 +3,7 @@
 transformers' SDPA attention copies each layer's keys and values once per query head (``repeat_kv``) whenever a
 mask is given, and a step over a static KV state always has one. ``--compile`` traces its CPU graphs with
 ``enable_gqa`` instead (:func:`mmspec_cli.decoding.compiled.grouped_query_attention`). This script measures what
-that is worth on the demo target, side by side in one process: two copies of the target, one compiled each way,
+that is worth on the demo target, side by side in one process: the target and a copy of it, one compiled each way,
 timed interleaved.
 
 1. The target's compiled step of 1 and γ + 1 tokens after ``--seq`` cached tokens: median over ``--rounds``
@@ -25,21 +25,21 @@ import time
 
 import torch
 
-from bench_compiled import pictures
+from bench_compiled import pictures, quartiles
 from bench_demo_suites import machine
 
 GAMMA = 5
 
 
-def quartiles(values: list[float]) -> str:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{statistics.median(values):.3f} [{q[0]:.3f}, {q[2]:.3f}]"
+def spread(values: list[float]) -> str:
+    median, q1, q3 = quartiles(values)
+    return f"{median:.3f} [{q1:.3f}, {q3:.3f}]"
 
 
 def copies(target):
-    """name ("grouped", "repeated") -> a LoadedModel over its own copy of the target's weights."""
-    return {"grouped": dataclasses.replace(target, model=copy.deepcopy(target.model)),
-            "repeated": dataclasses.replace(target, model=copy.deepcopy(target.model))}
+    """name ("grouped", "repeated") -> the target, and a LoadedModel over a copy of its weights (a model's compiled
+    steps are one per model object, so the copy gets graphs of its own)."""
+    return {"grouped": target, "repeated": dataclasses.replace(target, model=copy.deepcopy(target.model))}
 
 
 def runners(targets: dict) -> dict:
@@ -136,14 +136,14 @@ def main() -> None:
     for n in (1, GAMMA + 1):
         grouped, repeated = steps[("grouped", n)], steps[("repeated", n)]
         ratio = statistics.median(g / r for g, r in zip(grouped, repeated))
-        print(f"compiled step of {n} token{'s' * (n > 1)} after {args.seq}: grouped {quartiles(grouped)} ms, "
-              f"repeated {quartiles(repeated)} ms; grouped / repeated {ratio:.2f}")
+        print(f"compiled step of {n} token{'s' * (n > 1)} after {args.seq}: grouped {spread(grouped)} ms, "
+              f"repeated {spread(repeated)} ms; grouped / repeated {ratio:.2f}")
     samples = resolve("demo-single", args.limit) + resolve("demo-story", args.limit)
     per_token = turns(targets, lambda target: build_drafter("ar", target, None), samples)
     grouped, repeated = per_token["grouped"], per_token["repeated"]
     ratio = statistics.median(g / r for g, r in zip(grouped, repeated))
-    print(f"ar compiled, ms per token over {len(samples)} samples: grouped {quartiles(grouped)}, "
-          f"repeated {quartiles(repeated)}; grouped / repeated {ratio:.2f} (median of per-sample ratios)")
+    print(f"ar compiled, ms per token over {len(samples)} samples: grouped {spread(grouped)}, "
+          f"repeated {spread(repeated)}; grouped / repeated {ratio:.2f} (median of per-sample ratios)")
 
 
 if __name__ == "__main__":

@@ -342,10 +342,11 @@ def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeyp
     assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # traced with the switch on
     assert compiled_module.FORCE_GQA not in os.environ
     assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # the graph kept it
-    with compiled_module.grouped_query_attention(False):
-        assert not use_gqa_in_sdpa(mask, key, key)
+    repeated = compiled_module.CompiledGraphs(attends_groups, "target", torch.device("cpu"))
+    repeated.grouped_query = False  # what a CUDA graph does
+    assert repeated(("size", 1), torch.zeros(2))[0].item() == 0
     monkeypatch.setenv(compiled_module.FORCE_GQA, "0")
-    first, second = compiled_module.grouped_query_attention(True), compiled_module.grouped_query_attention(True)
+    first, second = compiled_module.grouped_query_attention(), compiled_module.grouped_query_attention()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)  # the first leaves while the second is still inside: still on

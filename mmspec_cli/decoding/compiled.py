@@ -45,7 +45,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,8 +195,8 @@ _GQA = _SwitchHolders()
 
 
 @contextmanager
-def grouped_query_attention(on: bool) -> Iterator[None]:
-    """While ``on``: transformers' SDPA attention attends each key/value head for its group of query heads
+def grouped_query_attention() -> Iterator[None]:
+    """While inside: transformers' SDPA attention attends each key/value head for its group of query heads
     (``enable_gqa``) rather than copying the keys and values once per query head first.
 
     A step over a static state always has a mask (the state's unused slots), and with a mask transformers repeats
@@ -210,9 +210,6 @@ def grouped_query_attention(on: bool) -> Iterator[None]:
     math one (transformers checks for that), and no GPU run has measured it. A transformers older than 5.23 does
     not read the switch, and the graphs repeat the heads as before.
     """
-    if not on:
-        yield
-        return
     with _GQA.lock:  # threads tracing at once: the first saves the value, the last puts it back
         if not _GQA.count:
             _GQA.before = os.environ.get(FORCE_GQA)
@@ -283,8 +280,8 @@ class CompiledGraphs:
             return None
         start = time.perf_counter()
         tracing = key not in self._traced
-        try:
-            with grouped_query_attention(tracing and self.grouped_query):
+        try:  # only a trace reads the switch: later calls skip it
+            with grouped_query_attention() if tracing and self.grouped_query else nullcontext():
                 outputs = self._graph(key)(*args)
         except Exception as exc:  # inductor, dynamo or the C++ toolchain: decoding goes on eager
             LOG.spent(self.role, time.perf_counter() - start)
