@@ -14,6 +14,7 @@ since torch's own default can be tens of times slower on a busy machine. ``threa
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from mmspec_cli.models.imitation import load_imitation
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
-from mmspec_cli.models.threads import ThreadChoice, apply_threads, check_count
+from mmspec_cli.models.threads import ENV as THREADS_ENV, ThreadChoice, apply_threads, check_count
 from mmspec_cli.decoding.sampling import SamplingParams
 
 #: ``threads=`` of :meth:`ModelSet.load` and :func:`load_decoder`: make mmspec's thread choice, as the CLI does.
@@ -63,6 +64,8 @@ class ModelSet:
         """
         if threads is not None and threads != AUTO_THREADS:
             check_count(threads, "threads")  # a bad count is refused before anything loads
+        elif threads == AUTO_THREADS and os.environ.get(THREADS_ENV, "").strip():
+            check_count(os.environ[THREADS_ENV], THREADS_ENV)
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
@@ -87,7 +90,8 @@ class ModelSet:
             spec = profile.captioner
             models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
         for kind, spec in head_specs.items():
-            models.heads[kind] = load_head(spec.model, spec.kind or kind, spec.num_q, models.target, spec.revision)
+            models.heads[kind] = load_head(spec.model, spec.kind, spec.num_q, models.target, spec.revision,
+                                            drafter=kind)
         if decoding.compile:
             check_compilable(models)
         return models
@@ -178,6 +182,7 @@ def load_decoder(profile: str | None = None, *, threads: int | str | None = AUTO
     """``load_decoder("llava15-7b", drafter="t", gamma=3)``: a profile name or path plus flag overrides.
 
     CPU threads are set as the CLI sets them (the module docstring): ``threads="auto"`` by default, ``threads=N``
-    for N threads, ``threads=None`` to leave torch's setting alone.
+    for N threads, ``threads=None`` to leave torch's setting alone. Tree settings that disagree are refused before
+    any model loads, as the CLI refuses them (a keyword is named as its flag, a profile value by its key).
     """
     return decoder_from_profile(apply_overrides(load_profile(profile), **overrides), threads=threads)

@@ -50,6 +50,53 @@ def tree_kind(tree: str | None, width: int) -> str:
     ``width`` (``--tree-width``) above 1 and a chain otherwise, so ``--tree-width d`` alone keeps working."""
     return tree if tree is not None else ("width" if width > 1 else "chain")
 
+
+#: The tree settings that must agree, each as (profile key, flag): a message names a setting the way it was given.
+TREE_SETTINGS = {"tree": ("decoding.tree", "--tree"), "tree_width": ("decoding.tree_width", "--tree-width")}
+
+
+def tree_conflict(tree: str | None, width: int, flags: tuple[str, ...] | list[str] | set[str] = ()) -> str | None:
+    """Why ``tree`` (``decoding.tree``) and ``width`` (``decoding.tree_width``) can't go together, in one line with
+    its fix, or None when they can: a chain has one branch, a width tree two or more, a dynamic tree shapes itself.
+
+    A setting named in ``flags`` was given as a flag and is named as one (``--tree-width 3``); the other came from
+    the profile and is named by its key (``decoding.tree_width: 3``). The fix is a flag when any flag was given
+    (a flag overrides the profile), else a change to the profile.
+    """
+    given = set(flags)
+
+    def said(name: str, value: object) -> str:
+        key, flag = TREE_SETTINGS[name]
+        if name in given:
+            return f"{flag} {value}"
+        return f"the profile's {key}: {value}" if given else f"{key}: {value}"
+
+    def named(name: str) -> str:
+        key, flag = TREE_SETTINGS[name]
+        return flag if given else f"{key}:"
+
+    def change(name: str, value: object, default: object) -> str:
+        key, flag = TREE_SETTINGS[name]
+        if not given:
+            return f"set {key}: {value} in the profile"
+        if name in given:
+            return f"drop {flag}" if value == default else f"use {flag} {value}"
+        return f"add {flag} {value}"
+
+    kind = tree_kind(tree, width)
+    if kind == "chain" and width > 1:
+        fix = (f"{change('tree_width', 1, 1)}, or {change('tree', 'width', None)}" if given else
+               "in the profile, set decoding.tree_width: 1 or decoding.tree: width")
+        return f"{said('tree', 'chain')} and {said('tree_width', width)} disagree; {fix}"
+    if kind == "width" and width < 2:
+        return f"{said('tree', 'width')} needs {named('tree_width')} 2 or more (branches per block)"
+    if kind == "dynamic" and width > 1:
+        topk = "--tree-topk" if given else "decoding.tree_topk"
+        return (f"{said('tree', 'dynamic')} shapes its own tree, {said('tree_width', width)} does not apply; "
+                f"{change('tree_width', 1, 1)} ({topk} sets its breadth)")
+    return None
+
+
 #: Dynamic trees: the most nodes one target forward verifies (``--tree-budget``, the root included).
 MAX_TREE_BUDGET = 512
 

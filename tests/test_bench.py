@@ -36,7 +36,7 @@ from mmspec_cli.bench.hf_assisted import assisted_generate
 from mmspec_cli.models.loading import resolve_device
 from mmspec_cli.models.prompts import render_prompt
 
-from tests.helpers import tiny_files
+from tests.helpers import tiny_files, write_profile
 
 MAX_NEW = 6
 DRAFTERS = "ar,m,t"
@@ -183,6 +183,34 @@ def test_summarize_merges_several_files(run, tmp_path):
     assert lines[0].startswith("category,drafter,samples,block_efficiency") and len(lines) == 1 + 9
 
 
+def test_summarize_refuses_the_records_of_two_runs_joined(run, tmp_path, no_model_loading):
+    """``cat a.jsonl a.jsonl``: every turn twice, ar compared with itself. Refused in one line naming the repeat."""
+    lines = run["out"].read_text().splitlines()
+    joined = write_jsonl(tmp_path / "joined.jsonl", lines + lines)
+    result = runner.invoke(app, ["bench", "--summarize", joined])
+    assert_one_line_error(result, f"joined.jsonl line {len(lines) + 1} repeats sample 's0' turn 0 drafter 'ar' of "
+                                  f"{joined} line 1: two runs' records were joined; remove the repeated run's records, "
+                                  f"or summarise each run's file apart")
+    twice = runner.invoke(app, ["bench", "--summarize", str(run["out"]), "--summarize", str(run["out"])])
+    assert_one_line_error(twice, "is given twice")
+
+
+def compiled_copy(records: list[dict]) -> list[dict]:
+    """``records`` as ``bench --compile`` writes them: their drafting settings say compile."""
+    return [dict(r, ensemble=json.dumps({**json.loads(r["ensemble"]), "compile": True}, sort_keys=True))
+            for r in records]
+
+
+def test_summarize_refuses_compiled_and_eager_records_together(run, tmp_path, no_model_loading):
+    eager = write_jsonl(tmp_path / "eager.jsonl", [r for r in run["records"] if r["id"] == "s0"])
+    compiled = write_jsonl(tmp_path / "compiled.jsonl", compiled_copy([r for r in run["records"] if r["id"] == "s1"]))
+    result = runner.invoke(app, ["bench", "--summarize", eager, "--summarize", compiled])
+    assert_one_line_error(result, f"{compiled} line 1 was made with --compile and {eager} line 1 without; compiled "
+                                  f"and eager times are not summarised together: summarise the files of each kind apart")
+    alone = runner.invoke(app, ["bench", "--summarize", compiled, "--format", "json"])
+    assert alone.exit_code == 0 and json.loads(alone.stdout)["rows"]
+
+
 def test_expected_speedup_uses_the_cached_latency_ratio(run, files, tmp_path, monkeypatch):
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
     spec = yaml.safe_load(Path(files["profile"]).read_text())
@@ -269,6 +297,39 @@ def test_resume_refuses_other_settings_and_plain_rerun_refuses_to_overwrite(run,
     assert_one_line_error(again, "already exists; pass --resume")
 
 
+def test_resume_with_another_compile_setting_says_so_in_one_short_line(run, files, tmp_path, no_model_loading):
+    common = [files["manifest"], "--drafters", DRAFTERS, "--resume"]
+    eager = bench(files, *common, "--out", str(run["out"]), "--compile")
+    assert_one_line_error(eager, f"--out {run['out']} was made without --compile; drop --compile to resume it, "
+                                 f"or pass a new --out")
+    compiled = write_jsonl(tmp_path / "compiled.jsonl", compiled_copy(run["records"]))
+    again = bench(files, *common, "--out", compiled)
+    assert_one_line_error(again, f"--out {compiled} was made with --compile; add --compile to resume it, "
+                                 f"or pass a new --out")
+
+
+def test_resume_names_the_drafting_setting_that_differs():
+    def drafting(**settings) -> str:
+        return json.dumps({"ensemble": {"members": ["m", "t"], "policy": "grid"}, "pooling": {"kernel": 2},
+                           **settings}, sort_keys=True)
+
+    def refusal(recorded: str, current: str) -> str:
+        return records_mod.other_settings(Path("r.jsonl"), "ensemble", recorded, current)
+
+    fix = "; resume with the same settings, or choose another --out"
+    assert refusal(drafting(), drafting(tree_width=2)) == \
+        "--out r.jsonl holds results made with tree_width 1 but this run uses 2" + fix
+    assert refusal(drafting(), drafting(tree={"kind": "dynamic", "budget": 30})) == \
+        "--out r.jsonl holds results made without tree, but this run sets it to dynamic" + fix
+    members = drafting().replace('["m", "t"]', '["m", "c"]')
+    assert refusal(drafting(), members) == \
+        '--out r.jsonl holds results made with ensemble.members ["m", "t"] but this run uses ["m", "c"]' + fix
+    assert refusal(drafting(compile=True, tree_width=2), drafting()).startswith("--out r.jsonl was made with --compile")
+    long_path = "/models/" + "x" * 200
+    line = records_mod.other_settings(Path("r.jsonl"), "target", long_path, "/models/other")
+    assert len(line) < 200 and "holds results made with target /models/xx" in line  # the path cut in the middle
+
+
 def test_resume_of_a_finished_file_loads_no_model(run, files, no_model_loading):
     result = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", str(run["out"]), "--resume",
                    "--format", "json")
@@ -288,7 +349,8 @@ def test_a_corrupt_image_is_recorded_and_the_run_goes_on(files, tmp_path):
     assert all(set(r) == {"id", "category", "drafter", "error"} and "could not be read as an image" in r["error"]
                for r in errors)
     assert [(r["id"], r["drafter"]) for r in records if "error" not in r] == [("s0", "ar"), ("s0", "m")]
-    assert "2 (sample, drafter) pairs failed" in result.stdout
+    # why the exit code is 1 goes to stderr, also under a table on stdout
+    assert "2 (sample, drafter) pairs failed" in result.stderr and "pairs failed" not in result.stdout
     retry = bench(files, files["with_corrupt"], "--drafters", "ar,m", "--turns", "1", "--out", str(out), "--resume")
     assert retry.exit_code == 1  # failed samples are retried on resume, and fail again: still recorded once
     assert [r.get("error") is not None for r in read_jsonl(out)] == [False, False, True, True]
@@ -470,7 +532,15 @@ def _bad_manifests(root: Path) -> dict:
         "empty": (write_jsonl(root / "empty.jsonl", []), "has no samples"),
         "bad history": (write_jsonl(root / "history.jsonl", [{**SAMPLES[0], "history": [["only a question"]]}]),
                         "line 1: history turn 1 must be a \\[question, answer\\] pair"),
+        "binary file": (_binary(root / "binary.jsonl"), r"could not be read \(UnicodeDecodeError\); pass a readable "
+                                                         r"UTF-8 JSONL file"),
+        "plain text": (write_jsonl(root / "notes.txt", ["some notes, not JSON"]), "notes.txt line 1: not valid JSON"),
     }
+
+
+def _binary(path: Path) -> str:
+    path.write_bytes(bytes(range(256)) * 4)
+    return str(path)
 
 
 BAD_ARGS = {
@@ -510,12 +580,18 @@ def test_bad_arguments_are_one_line_before_loading(files, no_model_loading, case
     assert_one_line_error(bench(files, *args), fragment)
 
 
-@pytest.mark.parametrize("case", ["malformed line", "missing field", "duplicate id", "empty", "bad history"])
+@pytest.mark.parametrize("case", ["malformed line", "missing field", "duplicate id", "empty", "bad history",
+                                  "binary file", "plain text"])
 def test_bad_manifests_are_one_line_with_the_line_number(files, no_model_loading, case):
     path, fragment = _bad_manifests(files["root"])[case]
     result = bench(files, path)
     assert_one_line_error(result, "")
     assert re.search(fragment, result.stderr), result.stderr
+
+
+def test_an_image_as_source_is_one_line_before_loading(files, no_model_loading):
+    """Not a UnicodeDecodeError of a "manifest": the image is named, with what SOURCE takes."""
+    assert_one_line_error(bench(files, files["images"][0]), "is an image, and a SOURCE is a set of samples")
 
 
 def test_results_file_keeps_only_complete_lines(tmp_path):
@@ -531,15 +607,59 @@ def test_results_file_keeps_only_complete_lines(tmp_path):
         records_mod.read_records([path])
 
 
-def test_text_only_and_missing_image_samples(files, tmp_path):
+def test_text_only_samples_run(files, tmp_path):
     manifest = write_jsonl(tmp_path / "m.jsonl", [
-        {"id": "text", "images": [], "turns": ["tell me a story"], "category": "nlp"},
-        {"id": "gone", "images": ["missing.png"], "turns": ["what?"], "category": "nlp"}])
+        {"id": "text", "images": [], "turns": ["tell me a story"], "category": "nlp"}])
     result = bench(files, manifest, "--drafters", "ar", "--out", str(tmp_path / "r.jsonl"), "--format", "json")
-    assert result.exit_code == 1
-    summary = json.loads(result.stdout)
-    assert summary["failed"] == 1 and "does not exist" in summary["errors"][0]["error"]
-    assert [r["samples"] for r in summary["rows"] if r["category"] == "nlp"] == [1]
+    assert result.exit_code == 0, result.stderr
+    assert [r["samples"] for r in json.loads(result.stdout)["rows"] if r["category"] == "nlp"] == [1]
+
+
+def test_missing_image_files_are_one_line_before_loading(files, tmp_path, no_model_loading):
+    """In any turn: not a failed sample found after the models load, with exit 1 and its reason on stdout."""
+    later = {"id": "later", "images": [files["images"][0]], "category": "c",
+             "turns": ["what?", {"question": "and this one?", "images": ["missing.png"]}]}
+    out = tmp_path / "r.jsonl"
+    result = bench(files, write_jsonl(tmp_path / "m.jsonl", [later]), "--out", str(out))
+    assert_one_line_error(result, "sample 'later' turn 2: image '")
+    assert "missing.png' does not exist; check the path" in result.stderr
+    assert not out.exists()  # the run made it, and leaves nothing behind
+    opening = dict(later, id="opening", images=["gone.png"], turns=["what?"])
+    both = bench(files, write_jsonl(tmp_path / "both.jsonl", [opening, later]))
+    assert_one_line_error(both, "sample 'opening': image")
+    assert "(and 1 more image missing)" in both.stderr
+
+
+@pytest.fixture(scope="module")
+def qwen_target(tmp_path_factory) -> str:
+    """A tiny Qwen2-VL target saved as a hub repository holds it (``tests/tiny_qwen.py``)."""
+    from tests import tiny_qwen
+
+    tokenizer = tiny_qwen.train_tokenizer()
+    model = tiny_qwen.make_model("qwen2_vl", len(tokenizer), seed=0)
+    return tiny_qwen.save(model, tiny_qwen.make_processor("qwen2_vl", tokenizer),
+                          tmp_path_factory.mktemp("qwen") / "target")
+
+
+def test_paper_prompts_are_refused_for_a_qwen_target_before_loading(files, qwen_target, tmp_path, no_model_loading):
+    profile = write_profile(tmp_path / "qwen.yaml", qwen_target, qwen_target)
+    result = runner.invoke(app, ["bench", files["manifest"], "--profile", profile, "--prompt-style", "paper"])
+    assert_one_line_error(result, "--prompt-style paper: TABED's prompts are written for LLaVA-1.5, but the target "
+                                  "/tmp/")
+    assert "is a Qwen-VL model (qwen2_vl) that reads its own chat template; use --prompt-style default" in result.stderr
+
+
+def test_paper_prompts_are_refused_for_a_qwen_target_once_loaded(files, qwen_target, tmp_path, monkeypatch):
+    """A hub target whose config.json was not downloaded yet is known once it loads, before any sample runs."""
+    from mmspec_cli.models import loading
+
+    monkeypatch.setattr(loading, "model_type_on_disk", lambda spec: None)
+    profile = write_profile(tmp_path / "qwen.yaml", qwen_target, qwen_target)
+    out = tmp_path / "r.jsonl"
+    result = runner.invoke(app, ["bench", files["manifest"], "--profile", profile, "--prompt-style", "paper",
+                                 "--drafters", "ar", "--out", str(out)])
+    assert_one_line_error(result, "is a Qwen-VL model (qwen2_vl)")
+    assert not out.exists()
 
 
 def test_pil_images_from_datasets_load(tmp_path):

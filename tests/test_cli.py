@@ -29,6 +29,7 @@ MAX_NEW = 10
 STATS_KEYS = {"new_tokens", "blocks", "block_efficiency", "acceptance_rate", "wall_s", "tokens_per_s"}
 TURN_KEYS = {"question", "text", "token_ids", "stats", "blocks"}
 RAW_PROMPT = "USER: <image>\n<image>\nwhat is it? ASSISTANT:"
+ROOT = Path(__file__).resolve().parent.parent
 
 runner = CliRunner()
 
@@ -221,6 +222,28 @@ def test_version_and_help():
     assert "generate" in runner.invoke(app, []).stdout
 
 
+def test_help_and_the_package_name_every_family_the_tool_runs():
+    """Not "(LLaVA family)": the Qwen-VL families run too, and the package's description says so as the help does."""
+    families = ("LLaVA-1.5", "LLaVA-NeXT", "LLaVA-OneVision", "Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL")
+    shown = " ".join(runner.invoke(app, ["--help"], terminal_width=200).stdout.split())
+    [description] = [line for line in (ROOT / "pyproject.toml").read_text().splitlines()
+                     if line.startswith("description = ")]
+    for text in (shown, description):
+        assert all(family in text for family in families), text
+        assert "LLaVA family" not in text
+
+
+def test_the_readmes_raw_prompt_example_gives_bash_a_newline():
+    """The README's --raw-prompt line, split as bash splits it, holds a real newline where LLaVA's prompt has one
+    (a "\\n" inside double quotes stays two characters in bash)."""
+    [line] = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("mmspec generate") and "--raw-prompt" in line]
+    command = line.split(" #")[0].replace("mmspec generate", "printf '%s\\0'", 1)
+    argv = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout.split("\0")
+    prompt = argv[argv.index("--raw-prompt") + 1]
+    assert prompt == "USER: <image>\nWhat is this? ASSISTANT:"
+
+
 def test_console_script_runs():
     script = Path(sys.executable).parent / "mmspec"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
@@ -287,3 +310,182 @@ def test_weight_bars_show_each_member():
 
     bars = weight_bars(["m", "t"], [0.7, 0.3]).plain
     assert bars.startswith("m ███████··· 0.70") and "t ███······· 0.30" in bars
+
+
+# --------------------------------------------------------------------------- what a new user broke (inputs, flags)
+
+
+def test_a_truncated_png_is_called_truncated_and_named(files, no_model_loading, tmp_path):
+    from PIL import Image
+
+    from mmspec_cli.errors import InputError
+    from mmspec_cli.models.images import load_image
+
+    whole = tmp_path / "whole.png"
+    Image.effect_noise((64, 48), 40).convert("RGB").save(whole)
+    data = whole.read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])  # a download that stopped halfway
+    line = assert_one_line_error(invoke(str(tmp_path / "cut.png"), "-q", QUESTION, "--profile", files["profile"]),
+                                 "cut.png' is a truncated (cut short) PNG file")
+    assert "could not be read" not in line and "pass a PNG or JPEG" not in line
+    (tmp_path / "header.png").write_bytes(data[:40])  # cut inside its first chunk: PIL can't even identify it
+    with pytest.raises(InputError, match=r"header.png' is a damaged or truncated PNG file \(its header can't be "
+                                         r"read\)"):
+        load_image(tmp_path / "header.png")
+
+
+def test_an_animated_gif_is_read_as_its_first_frame_with_one_warning(tmp_path, capsys):
+    from PIL import Image
+
+    from mmspec_cli.models.images import load_image
+
+    red, green = Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 255, 0))
+    red.save(tmp_path / "anim.gif", save_all=True, append_images=[green], duration=100, loop=0)
+    assert load_image(tmp_path / "anim.gif").getpixel((0, 0)) == (255, 0, 0)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: image '") and "anim.gif' has 2 frames" in line
+    assert "only its first frame is used" in line
+    red.save(tmp_path / "still.gif")
+    load_image(tmp_path / "still.gif")
+    assert capsys.readouterr().err == ""
+
+
+def test_more_threads_than_twice_the_cores_are_refused_before_loading(files, no_model_loading, monkeypatch):
+    from mmspec_cli.errors import InputError
+    from mmspec_cli.models import threads
+
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    line = assert_one_line_error(invoke(*files["images"], "-q", QUESTION, "--profile", files["profile"],
+                                        "--threads", "1000"), "--threads: 1000 CPU threads is more than 2 per core")
+    assert "(2 cores: at most 4)" in line and "use 2 or fewer" in line
+    assert_one_line_error(invoke(*files["images"], "-q", QUESTION, "--profile", files["profile"],
+                                 env={"MMSPEC_THREADS": "5"}), "MMSPEC_THREADS: 5 CPU threads is more than")
+    assert threads.check_count(4, "--threads", cores=2) == 4
+    with pytest.raises(InputError, match="at most 4"):
+        api.load_decoder(files["profile"], threads=5)
+
+
+def test_tree_settings_that_disagree_are_refused_before_loading_named_as_given(files, tiny_dirs, no_model_loading,
+                                                                               tmp_path):
+    from mmspec_cli.errors import InputError
+
+    def refused(profile: str, *flags: str) -> str:
+        return assert_one_line_error(invoke(*files["images"], "-q", QUESTION, "--profile", profile, *flags), "")
+
+    chain_of_3 = write_profile(tmp_path / "chain3.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], tree="chain",
+                               tree_width=3)
+    assert refused(files["profile"], "--tree", "chain", "--tree-width", "3") == (
+        "error: --tree chain and --tree-width 3 disagree; drop --tree-width, or use --tree width")
+    assert refused(chain_of_3) == ("error: decoding.tree: chain and decoding.tree_width: 3 disagree; in the profile, "
+                                   "set decoding.tree_width: 1 or decoding.tree: width")
+    assert refused(chain_of_3, "--tree", "dynamic") == (
+        "error: --tree dynamic shapes its own tree, the profile's decoding.tree_width: 3 does not apply; add "
+        "--tree-width 1 (--tree-topk sets its breadth)")
+    assert refused(files["profile"], "--tree", "width").endswith("--tree width needs --tree-width 2 or more "
+                                                                 "(branches per block)")
+    with pytest.raises(InputError, match=r"^--tree chain and the profile's decoding.tree_width: 3 disagree"):
+        api.load_decoder(chain_of_3, tree="chain")
+    manifest = tmp_path / "m.jsonl"  # every command that decodes refuses it as early (the check is apply_overrides')
+    manifest.write_text(json.dumps({"id": "a", "images": [], "turns": [QUESTION], "category": "x"}) + "\n")
+    for command in (["bench", str(manifest), "--out", str(tmp_path / "r.jsonl")], ["select-layer", str(manifest)]):
+        assert_one_line_error(runner.invoke(app, [*command, "--profile", chain_of_3]),
+                              "decoding.tree: chain and decoding.tree_width: 3 disagree")
+
+
+def test_turn_image_quotes_its_value_once_and_tree_lists_only_the_words_it_takes(files, no_model_loading):
+    args = [*files["images"], "-q", QUESTION, "--profile", files["profile"]]
+    line = assert_one_line_error(invoke(*args, "--turn-image", "x"), "--turn-image takes N:IMAGE")
+    assert "got 'x';" in line
+    line = assert_one_line_error(invoke(*args, "--tree", "bushy"), "--tree: expected one of")
+    assert line == 'error: --tree: expected one of chain, width, dynamic, got "bushy"'
+
+
+# --------------------------------------------------------------------------- an inductor cache that can't be made, a full disk
+
+
+def mmspec_process(*args: str, stdout=subprocess.PIPE, **env: str) -> subprocess.CompletedProcess:
+    """``mmspec ARGS`` in a process of its own (its own first import of torch and transformers), with ``env`` added."""
+    import os
+
+    environment = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), **env)
+    return subprocess.run([sys.executable, "-c", "from mmspec_cli.cli.app import main; main()", *args], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, env=environment, timeout=300)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_generate_runs_past_an_unmakeable_inductor_cache_and_a_full_stdout_is_one_line(files, tmp_path):
+    """Importing transformers makes TORCHINDUCTOR_CACHE_DIR (torch._dynamo's import does); without --compile nothing
+    is written there, so the command runs to its output, which goes to a full disk (/dev/full): one line, exit 2,
+    and nothing from Python's last flush of stdout at exit. One process checks both, as each costs its imports."""
+    (tmp_path / "file").write_text("")
+    with open("/dev/full", "w") as full:
+        done = mmspec_process("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"], "--json",
+                              "--max-new-tokens", "2", stdout=full,
+                              TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "file" / "cache"))
+    assert (done.returncode, done.stderr) == (2, "error: writing the output failed: the disk is full; free some "
+                                                 "space, or send the output to another disk\n")
+
+
+def test_a_write_that_finds_no_room_is_one_line_in_every_command(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import typer
+
+    from mmspec_cli.cli.errors import handles_errors
+
+    def writes(stream):
+        return handles_errors(lambda: typer.echo("x" * 100, file=stream))
+
+    if Path("/dev/full").exists():  # stdout on a full disk: its last flush at exit must not fail again
+        full = open("/dev/full", "w")
+        monkeypatch.setattr(sys, "stdout", full)
+        with pytest.raises(typer.Exit) as info:
+            writes(full)()
+        assert info.value.exit_code == 2 and sys.stdout is not full
+        sys.stdout.close()  # the null device it was set aside to
+        with pytest.raises(OSError):  # what the failed write left is still there: closed here, not by the collector
+            full.close()
+        assert capsys.readouterr().err == ("error: writing the output failed: the disk is full; free some space, or "
+                                           "send the output to another disk\n")
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "out.yaml"))
+
+    with pytest.raises(typer.Exit):
+        handles_errors(no_room)()
+    assert capsys.readouterr().err == (f"error: writing '{tmp_path / 'out.yaml'}' failed: the disk is full; free some "
+                                       f"space and run the command again\n")
+
+
+@pytest.mark.parametrize("where", ["flag", "profile"])
+def test_compiling_with_an_inductor_cache_folder_that_cant_be_made_is_one_line(files, tiny_dirs, tmp_path,
+                                                                                no_model_loading, where):
+    (tmp_path / "file").write_text("")
+    compiling = (["--profile", write_profile(tmp_path / "c.yaml", tiny_dirs["target"], tiny_dirs["perturbed"],
+                                             compile=True)] if where == "profile"
+                 else ["--profile", files["profile"], "--compile"])
+    for cache in (tmp_path / "file" / "cache", tmp_path / "file"):
+        result = invoke(*files["images"], "-q", QUESTION, *compiling, env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+        line = assert_one_line_error(result, f"error: TORCHINDUCTOR_CACHE_DIR '{cache}' ")
+        assert line.endswith("set TORCHINDUCTOR_CACHE_DIR to a folder you can write to, or unset it")
+
+
+def test_a_reader_gone_from_the_pipe_ends_a_command_quietly(tmp_path, monkeypatch):
+    """``mmspec ... | head -c 10``: the write after head left fails with EPIPE; click ends the command, exit 1, with
+    nothing on stderr (as a command killed by SIGPIPE says nothing)."""
+    import errno
+
+    import typer
+
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"id": "a", "category": "x", "drafter": "m", "turn": 0, "token_ids": [1, 2],
+                                   "new_tokens": 2, "blocks": 1, "wall_s": 0.1}) + "\n")  # a run that exits 0
+    written = []
+
+    def gone(*args, **kwargs):
+        written.append(args)
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(typer, "echo", gone)
+    result = runner.invoke(app, ["bench", "--summarize", str(records), "--format", "json"])
+    assert (result.exit_code, result.stderr, len(written)) == (1, "", 1)

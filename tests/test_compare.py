@@ -242,6 +242,10 @@ def test_sampling_skips_the_identity_check(files):
     (["--drafters", "m,m"], "'m' more than once"),
     (["--drafters", "c"], "has no captioner"),
     (["--gamma", "0"], "--gamma: expected"),
+    (["--tree", "chain", "--tree-width", "3"], "--tree chain and --tree-width 3 disagree; drop --tree-width"),
+    (["--tree", "bushy"], 'expected one of chain, width, dynamic, got "bushy"'),
+    (["--threads", "100000"], "--threads: 100000 CPU threads is more than 2 per core"),
+    (["--turn-image", "1:x.png"], "compare shows every IMAGE in the first turn and takes no --turn-image; run"),
 ])
 def test_bad_input_is_one_line_with_exit_2_before_loading(files, no_model_loading, args, fragment):
     result = invoke(files, "-q", QUESTION, *args)

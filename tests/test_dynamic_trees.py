@@ -192,7 +192,7 @@ def test_cli_tree_flags(tiny_dirs, tmp_path):
     args = ["generate", image, "-q", QUESTION, "--profile", profile]
     runner = CliRunner()
     assert_one_line_error(runner.invoke(app, [*args, "--tree", "bushy"]),
-                          '--tree: expected one of null, chain, width, dynamic, got "bushy"')
+                          '--tree: expected one of chain, width, dynamic, got "bushy"')
     assert_one_line_error(runner.invoke(app, [*args, "--tree", "dynamic", "--tree-width", "2"]),
                           "--tree dynamic shapes its own tree")
     result = runner.invoke(app, [*args, "--tree", "dynamic", "--tree-budget", "10", "--tree-topk", "3", "--json"])

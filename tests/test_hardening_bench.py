@@ -297,7 +297,7 @@ def test_no_cached_ratio_says_which_command_measures_it(cache, files, tiny_dirs)
 def test_a_drafter_with_records_of_other_models_gets_no_ratio(cache):
     cache_demo_ratio()
     other = ("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m")
-    mixed = made_with(DEMO_PAIR) + [dict(r, id="s9") for r in made_with(other, ("mt",))]
+    mixed = made_with(DEMO_PAIR) + [dict(r, id=f"other-{r['id']}") for r in made_with(other, ("mt",))]
     rows, stderr = summary_of(write_records(cache / "mixed.jsonl", mixed), "--profile", "demo")
     assert rows[("all", "m")]["expected_speedup"] is not None and rows[("all", "mt")]["expected_speedup"] is None
     assert stderr.splitlines()[-1] == ("Eq. (1) not shown for mt: some of their records were made with other models "

@@ -217,7 +217,8 @@ def test_the_context_check_refuses_one_token_past_the_boundary_only(tiny_models)
     question = long_question(target.processor, images, CONTEXT - 3)
     decoder = SpeculativeDecoder(target, build_drafter("ar", target, None), max_new_tokens=4)
     assert decoder.generate(images, [question]).turns  # reads 1021 + 4 - 1 = 1024 positions: fits
-    with pytest.raises(InputError, match=f"the prompt is {CONTEXT - 3} tokens and max_new_tokens is 5: "
+    with pytest.raises(InputError, match=rf"the prompt is {CONTEXT - 3} tokens \(4 for its image, {CONTEXT - 7} for "
+                                         rf"the text\) and max_new_tokens is 5: "
                                          f"{CONTEXT + 1} tokens, more than the target's context of {CONTEXT}; "
                                          f"lower --max-new-tokens to 4"):
         decoder.generate(images, [question], max_new_tokens=5)

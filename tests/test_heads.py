@@ -279,6 +279,52 @@ def test_a_head_for_another_target_is_refused_naming_both(tiny_models, tmp_path)
         load_head(str(tmp_path / "other"), None, None, target)
 
 
+class LMHead:
+    """What the target signature reads of a model: its LM head's weight."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def get_output_embeddings(self):
+        return self
+
+
+def test_the_target_signature_tells_a_fine_tune_from_the_target_in_any_precision(tiny_models, capsys):
+    from mmspec_cli.models.target_identity import other_target, signature, warn_if_other_target
+
+    target = tiny_models["target"].model
+    weight = target.get_output_embeddings().weight.detach()
+    signed = signature(target)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert not other_target("t", signed, "t", LMHead(weight.to(dtype)))  # loaded in another precision
+        assert not other_target("t", signature(LMHead(weight.to(dtype))), "t", target)  # trained on one
+    torch.manual_seed(0)
+    wide = torch.randn(1000, 512) * 0.02  # a real target's width (the tiny one's 32 lets norms tell a fine-tune)
+    tuned = wide + 0.03 * wide.std() * torch.randn_like(wide)  # every weight moved by 3% of its spread
+    assert other_target("t", signature(LMHead(wide)), "t", LMHead(tuned))
+    warn_if_other_target("head", "h", "t", signature(LMHead(wide)), "t", LMHead(tuned), "mmspec train-head eagle")
+    assert capsys.readouterr().err.startswith("warning: head h was trained for another version of it (a fine-tune, "
+                                              "or other weights under that name), not t: its LM head differs")
+    assert not other_target("t", signature(LMHead(wide)), "t", LMHead(wide.to(torch.bfloat16)))
+    assert other_target("t", signed, "t", LMHead(weight[:-1]))  # fewer rows: the signature's last is not there
+    assert other_target("t", {"rows": [0], "norms": None}, "t", target)  # unreadable: another target's
+
+
+def test_heads_saved_with_the_norms_of_rows_still_load_without_a_warning(tiny_models, head_dirs, tmp_path, capsys):
+    from mmspec_cli.models.target_identity import ROWS
+
+    weight = tiny_models["target"].model.get_output_embeddings().weight
+    norms = weight[torch.linspace(0, weight.shape[0] - 1, ROWS).round().long()].float().norm(dim=-1).tolist()
+    config = json.loads((head_dirs["eagle"] / "config.json").read_text())
+    config["mmspec"]["target_signature"] = [float(f"{x:.6g}") for x in norms]  # as they were saved
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes((head_dirs["eagle"] / "model.safetensors").read_bytes())
+    load_head(str(tmp_path), None, None, tiny_models["target"])
+    assert capsys.readouterr().err == ""
+    load_head(str(tmp_path), None, None, tiny_models["perturbed"])  # another target of the same shape
+    assert "warning: head" in capsys.readouterr().err
+
+
 def test_kind_and_num_q_must_agree_with_the_checkpoint(tiny_models, head_dirs):
     target = tiny_models["target"]
     with pytest.raises(ModelLoadError, match="is a vispec head but the profile says kind: eagle"):
@@ -287,6 +333,17 @@ def test_kind_and_num_q_must_agree_with_the_checkpoint(tiny_models, head_dirs):
         load_head(str(head_dirs["vispec"]), "vispec", 3, target)
     with pytest.raises(ModelLoadError, match="has no config.json"):
         load_head(str(head_dirs["vispec"].parent), None, None, target)
+
+
+def test_a_head_without_a_kind_for_a_drafter_of_another_kind_names_the_drafter(tiny_models, head_dirs):
+    """The profile's head gives no kind, the drafter wants an eagle head: the fault is not a kind the profile says."""
+    with pytest.raises(ModelLoadError) as info:
+        load_head(str(head_dirs["vispec"]), None, None, tiny_models["target"], drafter="eagle")
+    message = str(info.value)
+    assert message.startswith("the eagle drafter needs an eagle head, and the profile's head ")
+    assert "(which names no kind) is a vispec head; draft with vispec, or add an eagle head" in message
+    assert "the profile says kind" not in message
+    assert load_head(str(head_dirs["vispec"]), None, None, tiny_models["target"], drafter="vispec").kind == "vispec"
 
 
 # --------------------------------------------------------------------------- names, profiles, CLI
@@ -352,6 +409,9 @@ def test_cli_generate_and_bench_with_heads(tiny_models, tiny_dirs, head_dirs, tm
     assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", only_vispec,
                                               "--drafter", "eagle"]),
                           "drafter 'eagle' needs a eagle head and the profile names only vispec")
+    no_kind = head_profile(tmp_path / "k.yaml", tiny_dirs, {"model": str(head_dirs["vispec"])})  # the head's kind: its own
+    assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", no_kind,
+                                              "--drafter", "eagle"]), "the eagle drafter needs an eagle head")
     assert_one_line_error(runner.invoke(app, ["bench", str(manifest), "--profile", head_profile(
         tmp_path / "none.yaml", tiny_dirs, None), "--drafters", "ar,vispec", "--out", str(tmp_path / "x.jsonl")]),
                           "drafter 'vispec' needs a vispec head and the profile names no head")

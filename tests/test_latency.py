@@ -11,7 +11,10 @@ from typer.testing import CliRunner
 
 from mmspec_cli.bench import latency
 from mmspec_cli.cli.app import app
+from mmspec_cli.cli.profile_latency import check_tau
 from mmspec_cli.decoding.metrics import expected_speedup
+from mmspec_cli.errors import InputError
+from tests.helpers import assert_one_line_error
 
 
 def synthetic(target_ms, draft_ms):
@@ -117,13 +120,57 @@ def test_cli_table_output_names_the_remarks(profile_file, tmp_path, monkeypatch)
     (["--gamma", "0"], "--gamma: expected a comma-separated list of integers >= 1"),
     (["--seq", "5000"], "takes at most 1024 positions"),
     (["--repeat", "0"], "--repeat: expected an integer >= 1"),
-    (["--tau", "0.5"], "--tau: expected a block efficiency >= 1"),
+    (["--tau", "0.5"], "--tau: expected a block efficiency between 1 and 65"),
 ])
 def test_bad_input_is_one_line_exit_2(profile_file, args, fragment):
     result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--repeat", "1", *args])
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and fragment in lines[0]
+
+
+def test_tau_must_be_a_finite_block_efficiency():
+    """--tau nan printed "nanx" for every speedup, --tau inf wrote `Infinity` into --json (not JSON)."""
+    for tau in (1.0, 2.5, 65.0):
+        check_tau(tau)
+    for tau in (float("nan"), float("inf"), float("-inf"), 0.5, 65.5):
+        with pytest.raises(InputError, match="--tau: expected a block efficiency between 1 and 65"):
+            check_tau(tau)
+
+
+@pytest.mark.parametrize("tau", ["nan", "inf"])
+def test_a_non_finite_tau_is_refused_before_loading(profile_file, no_model_loading, tau):
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--tau", tau, "--json"])
+    assert_one_line_error(result, f"got {tau}", loading_bars=False)
+
+
+def test_the_default_seq_fits_the_models_context():
+    """The default grid (TABED's 512..3072) did not fit the demo's 2048 positions, so `mmspec profile-latency`
+    failed at its defaults: it now keeps the lengths that fit and adds the longest one that does."""
+    assert latency.default_seqs(None, 7) == [512, 1024, 2048, 3072]
+    assert latency.default_seqs(4096, 7) == [512, 1024, 2048, 3072]
+    assert latency.default_seqs(2048, 7) == [512, 1024, 2041]
+    assert latency.default_seqs(1024, 1) == [512, 1023]
+    assert latency.default_seqs(64, 7) == [57]
+    with pytest.raises(InputError, match="--gammas: γ = 8 leaves no room"):
+        latency.default_seqs(8, 8)
+    from transformers import AutoConfig
+
+    from mmspec_cli.models.loading import model_location
+    from mmspec_cli.models.profiles import load_profile
+
+    demo = load_profile(None)  # the default profile, which bench's summary tells users to profile
+    context = min(AutoConfig.from_pretrained(model_location(spec.model)).get_text_config().max_position_embeddings
+                  for spec in (demo.target, demo.draft))
+    assert max(latency.default_seqs(context, 7)) + 7 <= context
+
+
+def test_cli_default_seq_fits_a_tiny_target(profile_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = CliRunner().invoke(app, ["profile-latency", "--profile", str(profile_file), "--batch", "1",
+                                      "--gammas", "1", "--repeat", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.stdout)["target_ms"]) == {"512,1", "1023,1"}  # the tiny models take 1024 positions
 
 
 def test_plot_needs_matplotlib_or_draws_a_png(profile_file, tmp_path, monkeypatch):

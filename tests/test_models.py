@@ -112,3 +112,87 @@ def test_shipped_model_ids_resolve_inside_the_package_and_unknown_ones_are_refus
     assert model_location("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # hub ids pass through
     with pytest.raises(ModelLoadError, match="not a model shipped with mmspec.*mmspec:demo-draft"):
         load_model(spec("mmspec:no-such-model"), "draft")
+
+
+# --------------------------------------------------------------------------- damaged or empty model folders
+
+
+DAMAGES = {"cut": lambda data: data[: len(data) // 2], "a few bytes": lambda data: b"abcd", "empty": lambda data: b""}
+
+
+def damaged_copy(source: str, folder, damage: str, weights: str = "model.safetensors") -> str:
+    """A copy of the model folder ``source`` whose weights file is cut in half, a few bytes, or empty."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    path = folder / weights
+    path.write_bytes(DAMAGES[damage](path.read_bytes()))
+    return str(folder)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_safetensors_file_is_named_in_one_line(tiny_dirs, tmp_path, damage):
+    folder = damaged_copy(tiny_dirs["target"], tmp_path / "target", damage)
+    with pytest.raises(ModelLoadError) as info:
+        load_model(spec(folder), "draft")
+    message = str(info.value)
+    assert message.startswith(f"draft.model: the weights file {folder}/model.safetensors is damaged")
+    assert "save_pretrained" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty"])
+def test_a_damaged_pytorch_bin_file_is_named_in_one_line(tiny_models, tmp_path, damage):
+    import torch
+
+    folder = tmp_path / "bin"
+    tiny_models["target"].model.save_pretrained(folder)
+    tiny_models["target"].processor.save_pretrained(folder)
+    state = {k: v for k, v in tiny_models["target"].model.state_dict().items()}
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    path = folder / "pytorch_model.bin"
+    path.write_bytes(DAMAGES[damage](path.read_bytes()))
+    with pytest.raises(ModelLoadError, match=r"target.model: the weights file .*pytorch_model.bin is damaged"):
+        load_model(spec(folder), "target")
+
+
+@pytest.mark.parametrize("role, command", [
+    ("target", ["generate", "{image}", "-q", "what is it?"]),
+    ("draft", ["bench", "{manifest}", "--drafters", "m", "--out", "{out}"]),
+    ("target", ["select-layer", "{image}", "-q", "what is it?"]),
+    ("draft", ["profile-latency", "--batch", "1", "--seq", "8", "--repeat", "1"]),
+    ("target", ["train-head", "eagle", "{manifest}", "--out", "{out}", "--steps", "1"]),
+])
+def test_every_command_refuses_a_cut_weights_file_in_one_line(tiny_dirs, tmp_path, role, command):
+    """Refused as the model loads, so this is quick; the files the commands would write are not made."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mmspec_cli.cli.app import app
+    from tests.helpers import assert_one_line_error, save_images, write_profile
+
+    [image] = save_images(tmp_path, 1)
+    manifest = tmp_path / "manifest.jsonl"
+    sample = {"id": "s", "images": ["img0.png"], "turns": ["what is it?"], "category": "x"}
+    manifest.write_text(json.dumps(sample) + "\n")
+    models = {"target": tiny_dirs["target"], "draft": tiny_dirs["perturbed"]}
+    models[role] = damaged_copy(models[role], tmp_path / role, "cut")
+    profile = write_profile(tmp_path / "p.yaml", models["target"], models["draft"], max_new_tokens=4)
+    args = [a.format(image=image, manifest=manifest, out=tmp_path / "out") for a in command]
+    result = CliRunner().invoke(app, [*args, "--profile", profile])
+    assert_one_line_error(result, f"{role}.model: the weights file {models[role]}/model.safetensors is damaged",
+                          stdout_allowed=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("files", [[], ["tokenizer.json"]])
+def test_a_folder_without_a_model_says_what_it_lacks(tmp_path, files):
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ModelLoadError) as info:
+        load_model(spec(tmp_path), "draft")
+    message = str(info.value)
+    assert message.startswith(f"draft.model: '{tmp_path}' holds no model: ")
+    assert ("the folder is empty" if not files else "no config.json and no weights file") in message
+    assert "trust_remote_code" not in message

@@ -51,6 +51,19 @@ def test_builtin_dir_and_names():
     assert list_profiles() == sorted(list_profiles())
 
 
+def test_the_readmes_profile_table_names_every_shipped_profile_with_its_models():
+    """A row per file in profiles/ (not 4 of 10), giving the target and the draft or head the profile loads."""
+    readme = (builtin_profiles_dir().parent / "README.md").read_text()
+    rows = {line.split("|")[1].strip().split()[0].strip("`"): line for line in readme.splitlines()
+            if line.startswith("| `") and line.count("|") == 4}
+    assert set(list_profiles()) <= set(rows)
+    for name in list_profiles():
+        profile = load_profile(name)
+        models = [profile.target.model, *([profile.draft.model] if profile.draft else []),
+                  *(head.model for head in profile.head)]
+        assert all(model in rows[name] for model in models[:2]), (name, rows[name])
+
+
 @pytest.mark.parametrize("name", sorted(BUILTINS))
 def test_builtin_profiles_parse(name):
     profile = load_profile(name)

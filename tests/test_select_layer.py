@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tests import tiny
 from mmspec_cli.cli.app import app
+from mmspec_cli.cli.select_layer import written_imitation
 from mmspec_cli.errors import InputError
 from mmspec_cli.selectlayer.reward import candidate_layers, check_lambda, choose_layer, ranked_layers, rewards
 from mmspec_cli.models.profiles import load_profile
@@ -104,15 +105,53 @@ def test_lambda_and_max_layer_move_the_choice(files):
 
 
 def test_empirical_runs_ssd_and_write_saves_a_copy(files):
+    """The copy keeps the profile's imitation network, trained for the chosen layer (--write used to drop it)."""
+    network = files["root"] / "imitation"  # never loaded without --imitation: its config says its layer
+    network.mkdir(exist_ok=True)
+    (network / "config.json").write_text(json.dumps({"mmspec_imitation": {"layer": JUMP}}))
+    profile = files["root"] / "with-imitation.yaml"
+    data = yaml.safe_load(open(files["profile"]))
+    profile.write_text(yaml.safe_dump({**data, "ssd": {"layer": JUMP, "imitation": str(network)}}))
     written = files["root"] / "chosen.yaml"
-    out = select(files, "--empirical", "2", "--write", str(written))
+    out = select({**files, "profile": str(profile)}, "--empirical", "2", "--write", str(written))
     assert [m["layer"] for m in out["empirical"]] == [JUMP, 4]  # the two best rewards
     for m in out["empirical"]:
         assert 1 <= m["block_efficiency"] <= out["gamma"] + 1
         assert m["latency_ratio"] > 0 and m["expected_speedup"] > 0 and m["speedup"] > 0
     assert out["chosen"] == out["chosen_by_measurement"] in (JUMP, 4)
     assert load_profile(str(written)).ssd.layer == out["chosen"]
-    assert load_profile(files["profile"]).ssd.layer is None  # the profile itself is untouched
+    kept = str(network) if out["chosen"] == JUMP else None  # trained for JUMP: no use at layer 4
+    assert load_profile(str(written)).ssd.imitation == out["written_imitation"] == kept
+    assert load_profile(str(profile)).ssd.layer == JUMP  # the profile itself is untouched
+
+
+def test_write_keeps_the_imitation_network_where_it_follows_the_chosen_layer():
+    assert written_imitation(None, None, 3, scored=False, chosen_with_it=False) == (None, None)
+    assert written_imitation("in", 3, 3, scored=False, chosen_with_it=False) == ("in", None)
+    kept, warning = written_imitation("in", 1, 3, scored=False, chosen_with_it=False)
+    assert kept is None and "trained after layer 1, not the chosen layer 3" in warning and "--imitation" in warning
+    kept, warning = written_imitation("in", None, 3, scored=False, chosen_with_it=False)
+    assert kept is None and "can't be read" in warning
+    assert written_imitation("in", None, 1, scored=True, chosen_with_it=True) == ("in", None)  # --imitation decides
+    assert written_imitation("in", None, 1, scored=True, chosen_with_it=False) == (None, None)
+
+
+def test_write_refuses_a_file_that_holds_something(files, no_model_loading):
+    """A user's notes given as --write became a profile; refused before any model loads, the notes kept."""
+    notes = files["root"] / "notes.txt"
+    notes.write_text("my notes\n")
+    result = runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+                                 "--write", str(notes)])
+    assert_one_line_error(result, "already exists; --write saves to a new file", loading_bars=False)
+    assert notes.read_text() == "my notes\n"
+
+
+def test_an_image_without_a_question_is_one_line(files, no_model_loading):
+    """It was read as a JSONL manifest: "manifest ... could not be read (UnicodeDecodeError)"."""
+    for images in (files["images"], [*files["images"], *files["images"]]):
+        result = runner.invoke(app, ["select-layer", *images, "--profile", files["profile"]])
+        assert_one_line_error(result, "is an image, and images need a question: pass -q QUESTION",
+                              loading_bars=False)
 
 
 def test_plain_output_marks_the_chosen_layer(files):

@@ -115,3 +115,19 @@ def test_the_shipped_imitation_network_follows_the_demo_profiles_layer(demo):
     drafter = build_drafter("ssd", target, None, ssd_layer=profile.ssd.layer, imitation=network)
     turn = SpeculativeDecoder(target, drafter, gamma=5, max_new_tokens=160).generate(images, list(sample.turns[:1])).turns[0]
     assert turn.token_ids == reference(target, sample, images, 160)
+
+
+def test_the_shipped_networks_carry_the_demo_targets_entries_and_load_on_it_without_a_warning(demo, capsys):
+    from mmspec_cli.models.imitation import load_imitation
+    from mmspec_cli.models.target_identity import other_target
+
+    profile, target, _ = demo
+    capsys.readouterr()
+    for name, block in {"demo-eagle": "mmspec", "demo-vispec": "mmspec", "demo-imitation": "mmspec_imitation"}.items():
+        signed = json.loads((head_dir(f"mmspec:{name}") / "config.json").read_text())[block]["target_signature"]
+        assert set(signed) == {"rows", "columns", "entries"}  # LM-head entries, not the norms of rows
+        assert not other_target(None, signed, target.name, target.model)
+    for spec in profile.head:
+        load_head(spec.model, spec.kind, spec.num_q, target)
+    load_imitation(profile.ssd.imitation, profile.ssd.layer, target)
+    assert capsys.readouterr().err == ""

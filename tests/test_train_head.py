@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +27,12 @@ from mmspec_cli.training.answers import AnswerFile, AnswerSettings, generate_ans
 from mmspec_cli.training.checkpoint import NAME as CHECKPOINT, save_checkpoint
 from mmspec_cli.models.images import load_images
 from mmspec_cli.training.acceptance import measure
-from mmspec_cli.training.corpus import Conversation, conversations
+from mmspec_cli.bench.records import OutLock
+from mmspec_cli.bench.sources import SUITES
+from mmspec_cli.errors import InputError
+from mmspec_cli.training import answers as answers_mod
+from mmspec_cli.training.corpus import DEMO_TRAIN, Conversation, conversations
+from mmspec_cli.training.locks import lock_answers
 from mmspec_cli.training.passes import HeadObjective
 from mmspec_cli.training.run import TrainHeadSettings, train_head
 from mmspec_cli.training.sequences import SequenceStore, Turn, read_sequence, trainable
@@ -371,3 +377,61 @@ def test_bad_flags_are_one_line(files, tmp_path, args, fragment):
         i = len(full) - 1 - full[::-1].index("--lr")
         del full[i:i + 2]  # the test's own --lr
     one_line(runner.invoke(app, full), fragment)
+
+
+def test_an_unknown_source_lists_every_suite_train_head_knows():
+    with pytest.raises(InputError, match="known suites: ") as refused:
+        conversations("demo-trian")
+    listed = str(refused.value).split("known suites: ")[1].split(")")[0].split(", ")
+    assert sorted(listed) == sorted((DEMO_TRAIN, *SUITES))
+
+
+def test_answers_in_a_folder_that_doesnt_exist_are_refused_making_none(files, tmp_path, no_model_loading):
+    missing = tmp_path / "missing"
+    one_line(runner.invoke(app, command(files, "eagle", files["manifest"], "--out", str(tmp_path / "o"), "--answers",
+                                        str(missing / "a.jsonl"))), "missing doesn't exist; create it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- runs at once
+
+
+def test_a_second_kind_reuses_the_answers_while_the_first_trains(files, tmp_path, monkeypatch):
+    """The first run lets go of the answers file once it has read its answers: a run of another kind naming it
+    trains meanwhile without answering again. A second run into the same DIR is refused, and not sent to --resume."""
+    profile = load_profile(files["profile"])
+    shared = tmp_path / "eagle.answers.jsonl"  # the first run's own answers file
+    seen = {}
+
+    def during_training(step: int, total: int, stats) -> None:
+        if step != 1:
+            return
+        monkeypatch.setattr(answers_mod, "sample_batch", lambda *a, **k: pytest.fail("answered again"))
+        seen["vispec"] = train_head(profile, settings(tmp_path / "vispec", source=files["manifest"], steps=1,
+                                                      answers_file=shared), progress=False)
+        with pytest.raises(InputError) as refused:
+            train_head(profile, settings(tmp_path / "eagle", kind="eagle", source=files["manifest"]), progress=False)
+        seen["refused"] = str(refused.value)
+
+    train_head(profile, settings(tmp_path / "eagle", kind="eagle", source=files["manifest"], steps=2),
+               progress=False, on_step=during_training)
+    assert seen["vispec"]["sequences"] == len(QUESTIONS) * 2
+    assert "being trained into by another train-head run" in seen["refused"] and "--resume" not in seen["refused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eagle", "eagle.answers.jsonl", "vispec"]
+
+
+def test_a_run_waits_while_another_answers_into_the_file(tmp_path):
+    path = tmp_path / "a.jsonl"
+    other = OutLock.acquire(path, what="the answers file")
+    said, waits = [], []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            other.release()  # the other run is done answering
+
+    lock = lock_answers(path, said.append, sleep)
+    assert lock is not None and len(waits) == 2
+    assert said == [f"the answers file {path} is being answered into by another train-head run (PID {os.getpid()}); "
+                    f"waiting for it to finish answering, then its answers are reused (Ctrl-C to stop)"]
+    lock.release()

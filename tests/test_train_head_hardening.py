@@ -525,6 +525,7 @@ def test_answers_are_reused_only_for_the_same_prompt_and_image_bytes(files, tiny
 
 def test_runs_of_two_kinds_share_one_answers_file(files, tmp_path, monkeypatch):
     shared = tmp_path / "answers" / "shared.jsonl"
+    shared.parent.mkdir()  # --answers makes no folder
     assert run(files, tmp_path / "eagle", "--answers", str(shared)).exit_code == 0
     monkeypatch.setattr(answers_mod, "sample_batch", lambda *a, **k: pytest.fail("answered again"))
     result = run(files, tmp_path / "vispec", "--answers", str(shared), kind="vispec")

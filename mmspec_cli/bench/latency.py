@@ -44,6 +44,8 @@ from mmspec_cli.models.parts import with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 
 REMARK_TOLERANCE = 0.05  # TABED App. G: |ΔT/T| < 5%
+#: TABED App. G's prefix lengths S, the grid timed when ``--seq`` is not given and the models' context holds them.
+STANDARD_SEQS = (512, 1024, 2048, 3072)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,23 @@ def device_name(device: torch.device | str, threads: int | None = None) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu-{platform.machine()}-{os.cpu_count()}cores-{threads or torch.get_num_threads()}threads"
+
+
+def default_seqs(context: int | None, largest_gamma: int) -> list[int]:
+    """The prefix lengths S to time when none are given: those of :data:`STANDARD_SEQS` for which S + γ fits in
+    ``context`` positions (the models' fewest; None: unknown, so all), and, when the largest does not fit, the
+    longest S that does (``context`` − γ), so the grid still reaches the end of the context: 512, 1024, 2041 for a
+    2048-position model and γ up to 7. One line when not even S = 1 fits (γ too large for the context)."""
+    if context is None:
+        return list(STANDARD_SEQS)
+    longest = context - largest_gamma
+    if longest < 1:
+        from mmspec_cli.errors import InputError
+
+        raise InputError(f"--gammas: γ = {largest_gamma} leaves no room for a prefix in the models' "
+                         f"{context} positions; pass γ values below {context}")
+    fitting = [s for s in STANDARD_SEQS if s <= longest]
+    return fitting if len(fitting) == len(STANDARD_SEQS) else [*fitting, longest]
 
 
 class Timer:

@@ -12,6 +12,11 @@ the earlier turns is reused because the new prompt extends the old one.
 
 Datasets without a paper prompt (and PororoSV/VIST, whose prompts interleave per-image
 captions ``[CAPTION]`` that a sample does not carry) use the default style: the chat template.
+
+The prompts are LLaVA-1.5's text, so a Qwen-VL target, which reads its own chat template (ChatML,
+its images as vision tokens), is refused the paper style in one line (:func:`check_paper_target`):
+before any model loads where the target's ``config.json`` is on disk (a folder, a shipped model, a hub
+id already downloaded), else as soon as the target has loaded, before any sample runs.
 """
 
 from __future__ import annotations
@@ -72,3 +77,15 @@ def continue_prompt(prompt: str, answer: str, eos: str, question: str) -> str:
 def strip_image_markers(question: str) -> str:
     """A dataset question without inline ``<image>`` markers (the chat template places the images)."""
     return re.sub(r"\s*<image>\s*", " ", question).strip()
+
+
+def check_paper_target(model_type: str | None, model: str) -> None:
+    """Refuse ``--prompt-style paper`` for a target of ``model_type`` (``config.json``'s) that does not read
+    LLaVA-1.5's conversation format; ``model``: the profile's name of it. None (not known yet) passes."""
+    from mmspec_cli.models.families import QWEN_VL_TYPES
+    from mmspec_cli.models.prompts import shorten
+
+    if model_type in QWEN_VL_TYPES:
+        raise InputError(f"--prompt-style paper: TABED's prompts are written for LLaVA-1.5, but the target "
+                         f"{shorten(model, 60)} is a Qwen-VL model ({model_type}) that reads its own chat template; "
+                         f"use --prompt-style default")

@@ -102,6 +102,12 @@ def key(record: Record) -> tuple[str, int, str]:
 
 def parse_lines(data: bytes, name: str) -> tuple[list[Record], int]:
     """Records of the complete lines of ``data`` and the byte length they span (a partial last line is left out)."""
+    numbered, end = _numbered_records(data, name)
+    return [record for _, record in numbered], end
+
+
+def _numbered_records(data: bytes, name: str) -> tuple[list[tuple[int, Record]], int]:
+    """:func:`parse_lines` with each record's line number."""
     end = data.rfind(b"\n") + 1  # everything after the last newline is a partial write
     records = []
     for number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
@@ -117,20 +123,68 @@ def parse_lines(data: bytes, name: str) -> tuple[list[Record], int]:
         missing = [k for k in REQUIRED if k not in record] if "error" not in record else []
         if missing:
             raise InputError(f"{name} line {number} lacks {', '.join(missing)}; is it an mmspec bench results file?")
-        records.append(record)
+        records.append((number, record))
     return records, end
 
 
 def read_records(paths: Iterable[str | Path]) -> list[Record]:
-    """All records of one or more results files (a partial last line of each is ignored)."""
-    records: list[Record] = []
+    """All records of one or more results files (a partial last line of each is ignored), refused where they
+    can't be summarised together (:func:`check_one_kind`)."""
+    located: list[tuple[str, Record]] = []
+    given: dict[tuple[int, int], str] = {}
     for path in paths:
         try:
             data = Path(path).read_bytes()
+            stat = os.stat(path)
         except OSError as exc:
             raise InputError(f"results file {path} could not be read ({type(exc).__name__}: {exc.strerror or exc})") from exc
-        records.extend(parse_lines(data, str(path))[0])
-    return records
+        identity = (stat.st_dev, stat.st_ino)
+        if identity in given:
+            raise InputError(f"results file {path} is given twice (as {given[identity]} before); pass each file once")
+        given[identity] = str(path)
+        numbered, _ = _numbered_records(data, str(path))
+        located.extend((f"{path} line {number}", record) for number, record in numbered)
+    check_one_kind(located)
+    return [record for _, record in located]
+
+
+def made_compiled(record: Record) -> bool:
+    """Whether ``record`` was made with ``--compile`` (its drafting settings say so; an error record never is)."""
+    try:
+        drafting = json.loads(record.get("ensemble") or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return isinstance(drafting, dict) and drafting.get("compile") is True
+
+
+def check_one_kind(located: Sequence[tuple[str, Record]]) -> None:
+    """Refuse records that would make a wrong summary together; ``located``: (where, record) in file order.
+
+    The choice is to refuse, in one line naming where, rather than to summarise the parts apart, where the
+    rows would need a label of their kind that every reader of the table (and of its JSON and CSV) must heed:
+
+    - records made with ``--compile`` and without: compiled and eager times are not summarised together
+      (README); their speedups and Eq. (1) come from different latencies;
+    - a (sample, turn, drafter) recorded twice (or a sample's failure with a drafter): two runs' records
+      joined (``cat a.jsonl a.jsonl``) would count each turn twice and compare ``ar`` with itself.
+    """
+    kinds: dict[bool, str] = {}
+    for where, record in located:
+        if "error" not in record:
+            kinds.setdefault(made_compiled(record), where)
+    if len(kinds) > 1:
+        raise InputError(f"{kinds[True]} was made with --compile and {kinds[False]} without; compiled and eager "
+                         f"times are not summarised together: summarise the files of each kind apart")
+    seen: dict[tuple, str] = {}
+    for where, record in located:
+        failed = "error" in record
+        found = (str(record["id"]), None if failed else str(record["turn"]), str(record["drafter"]))
+        if found in seen:
+            what = (f"the failure of sample '{found[0]}' with drafter '{found[2]}'" if failed else
+                    f"sample '{found[0]}' turn {found[1]} drafter '{found[2]}'")
+            raise InputError(f"{where} repeats {what} of {seen[found]}: two runs' records were joined; remove the "
+                             f"repeated run's records, or summarise each run's file apart")
+        seen[found] = where
 
 
 # --------------------------------------------------------------------------- writing
@@ -276,6 +330,15 @@ def _unwritable(path: Path, exc: OSError, what: str = "--out") -> InputError:
                       f"choose a writable file path")
 
 
+class LockHeld(InputError):
+    """:meth:`OutLock.acquire`'s refusal when another process holds the lock; ``holder``: its PID, where it wrote
+    one. The message gives bench's advice; a command with other advice (train-head) catches it and says its own."""
+
+    def __init__(self, message: str, holder: int | None):
+        super().__init__(message)
+        self.holder = holder
+
+
 class OutLock:
     """An exclusive ``flock`` on ``FILE.lock`` next to a results file, holding the owner's PID (module docstring)."""
 
@@ -305,8 +368,8 @@ class OutLock:
                 holder = _read_pid(fd)
                 os.close(fd)
                 who = f"another process (PID {holder})" if holder else "another process"
-                raise InputError(f"{what} {out} is being written by {who}; let it finish or stop it, "
-                                 f"then continue the file with --resume, or choose another --out") from None
+                raise LockHeld(f"{what} {out} is being written by {who}; let it finish or stop it, "
+                               f"then continue the file with --resume, or choose another --out", holder) from None
             # the lock's owner removes the file as it releases it: then we hold a lock on a removed file, try again
             try:
                 if os.path.samestat(os.fstat(fd), os.stat(path)):
@@ -344,16 +407,73 @@ def _prepare_resume(path: Path, settings: dict[str, Any]) -> list[Record]:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"--out {path} can't be read to resume ({exc.strerror or type(exc).__name__})") from None
-    records, end = parse_lines(data, f"--out {path}")
+    numbered, end = _numbered_records(data, f"--out {path}")
+    check_one_kind([(f"--out {path} line {number}", record) for number, record in numbered])
+    records = [record for _, record in numbered]
     for record in records:
         for name in SETTINGS:
             if name in record and name in settings and record[name] != settings[name]:
-                raise InputError(f"--out {path} holds results made with {name} {record[name]} but this run uses "
-                                 f"{settings[name]}; resume with the same settings, or choose another --out")
+                raise InputError(other_settings(path, name, record[name], settings[name]))
     kept = [r for r in records if "error" not in r]
     if end != len(data) or len(kept) != len(records):
         _rewrite(path, kept)
     return kept
+
+
+#: a drafting setting's value when the records do not carry it (it is written only when not the default)
+DRAFTING_DEFAULTS = {"compile": False, "gamma_schedule": "constant", "tree_width": 1}
+_UNSET = object()
+
+
+def other_settings(path: Path, name: str, recorded: Any, current: Any) -> str:
+    """The line refusing to resume ``path``, whose records were made with setting ``name`` = ``recorded``, with
+    ``current``. The drafting settings (one JSON text, ``ensemble``) are compared key by key, so the line names
+    the one that differs (``--compile``, ``tree_width``, ``ensemble.members`` ...) instead of quoting the JSON."""
+    fix = "resume with the same settings, or choose another --out"
+    before, now = (_drafting(recorded), _drafting(current)) if name == "ensemble" else (None, None)
+    if before is None or now is None:
+        return _differs(path, name, recorded, current, fix)
+    if before["compile"] != now["compile"]:
+        made, fix = ("with", "add --compile") if before["compile"] else ("without", "drop --compile")
+        return f"--out {path} was made {made} --compile; {fix} to resume it, or pass a new --out"
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key, _UNSET), now.get(key, _UNSET)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):  # the one key inside that differs: ensemble.members
+            inner = next(k for k in sorted(set(old) | set(new)) if old.get(k, _UNSET) != new.get(k, _UNSET))
+            return _differs(path, f"{key}.{inner}", old.get(inner, _UNSET), new.get(inner, _UNSET), fix)
+        return _differs(path, key, _kind(old), _kind(new), fix)
+    return _differs(path, name, recorded, current, fix)  # the same settings written differently
+
+
+def _drafting(text: Any) -> dict[str, Any] | None:
+    """The drafting settings of a record with the defaults of those written only when set; None if unreadable."""
+    try:
+        settings = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        return None
+    return {**DRAFTING_DEFAULTS, **settings} if isinstance(settings, dict) else None
+
+
+def _kind(value: Any) -> Any:
+    """A setting as a line names it: a tree by its kind, anything else as it is."""
+    return value["kind"] if isinstance(value, dict) and "kind" in value else value
+
+
+def _differs(path: Path, name: str, recorded: Any, current: Any, fix: str) -> str:
+    if recorded is _UNSET:
+        return f"--out {path} holds results made without {name}, but this run sets it to {_shown(current)}; {fix}"
+    if current is _UNSET:
+        return f"--out {path} holds results made with {name} {_shown(recorded)}, which this run does not set; {fix}"
+    return f"--out {path} holds results made with {name} {_shown(recorded)} but this run uses {_shown(current)}; {fix}"
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A setting's value as an error line quotes it: text as it is, anything else as JSON; long ones cut in the
+    middle (model paths differ least there)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit // 2 - 1] + "..." + text[-(limit // 2 - 2):]
 
 
 def _rewrite(path: Path, records: list[Record]) -> None:

@@ -13,8 +13,9 @@ open the conversation (the images in their first turn) but are not generated or 
 ``turns`` then continue it. A ``category`` naming a TABED dataset (``LLaVA-W``, ``DocVQA``,
 ``Spot-the-Diff``, ... see ``prompts.prompt_key_for``) takes that dataset's App. I.1 prompt
 under ``--prompt-style paper``. Other keys (reference answers, ...) are ignored. Blank lines are
-skipped. Image files are opened only when their sample runs, so a missing or corrupt image
-fails that sample alone.
+skipped. Every image file the samples of a run name, in any turn, must exist when the run starts
+(:func:`check_image_files`: a typo costs no model load and leaves no error records); image files are
+opened only when their sample runs, so a corrupt image fails that sample alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.images import load_image, to_rgb
-from mmspec_cli.models.prompts import check_history
+from mmspec_cli.models.prompts import check_history, shorten
 from mmspec_cli.bench.prompts import prompt_key_for
 
 REQUIRED = ("id", "images", "turns", "category")
@@ -77,6 +78,27 @@ def _load(images: Sequence[Any]) -> list:
         else:
             out.append(to_rgb(image))  # as files are read: high bit depths scaled, transparency over white
     return out
+
+
+def check_image_files(samples: Sequence[Sample], where: str) -> None:
+    """Refuse, in one line, samples whose image files (opening or a later turn's) are missing: the first one and
+    how many more. Only files are looked up here (none is opened); PIL images (datasets) need nothing."""
+    missing = [(sample, turn, image) for sample in samples
+               for turn, images in ((0, sample.images), *sample.turn_images) for image in images
+               if isinstance(image, (str, Path)) and not os.path.exists(os.path.expanduser(image))]
+    if not missing:
+        return
+    sample, turn, image = missing[0]
+    try:
+        load_image(image)  # it does not exist: load_image says why (no file, a broken link, a name too long ...)
+    except InputError as exc:
+        why = str(exc)
+    else:
+        return  # it appeared in the meantime
+    others = len(missing) - 1
+    more = f" (and {others} more image{'s' if others > 1 else ''} missing)" if others else ""
+    turn_words = f" turn {turn + 1}" if turn else ""
+    raise InputError(f"{where}: sample '{shorten(sample.id, 40)}'{turn_words}: {why}{more}")
 
 
 # --------------------------------------------------------------------------- manifests

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from mmspec_cli.errors import InputError
 from mmspec_cli.bench import hub
-from mmspec_cli.bench.samples import Sample, read_manifest
+from mmspec_cli.bench.samples import Sample, check_image_files, read_manifest
+from mmspec_cli.models.images import is_image_file
+from mmspec_cli.models.prompts import shorten
 
 DEMO_SUITES = ("demo-single", "demo-pair", "demo-story", "demo-followup")
 
@@ -49,8 +51,14 @@ def resolve(source: str, limit: int | None = None) -> list[Sample]:
     """The samples SOURCE names, the first ``limit`` of them. For ``demo-all`` that is the first
     ``limit`` of each suite, so a short run still covers every scenario; a dataset stops reading there."""
     path = Path(os.path.expanduser(source))
+    if is_image_file(path):  # else read as a manifest, it would fail to decode as text
+        raise InputError(f"SOURCE {shorten(source)} is an image, and a SOURCE is a set of samples: pass a JSONL "
+                         f"manifest, a suite such as demo-single or a dataset id (for one image, use `mmspec "
+                         f"generate IMAGE -q QUESTION`)")
     if path.is_file():
-        return read_manifest(path)[:limit]
+        samples = read_manifest(path)[:limit]
+        check_image_files(samples, f"manifest {source}")
+        return samples
     if path.is_dir():
         raise InputError(f"SOURCE {source} is a directory; pass a JSONL manifest file")
     if source in SUITES:

@@ -1,9 +1,13 @@
 """``mmspec bench``: run drafters over a manifest, suite or dataset; record every turn; summarise.
 
-Everything that can be refused (flags, drafter names, the profile, the source, the --out
-file, another run writing it) is refused with one line and exit 2 before any model loads.
+Everything that can be refused (flags, drafter names, the profile, the source and the image files
+it names, --prompt-style paper for a Qwen-VL target, the --out file, another run writing it) is
+refused with one line and exit 2 before any model loads (the paper style's check waits for the
+target to load where its config.json is not on disk yet). --summarize refuses records that can't be
+summarised together (bench/records.py ``check_one_kind``).
 Exit 1 when a sample failed or a drafter's greedy output differed from ``ar``'s; 0 otherwise;
 130 after a Ctrl-C, which says how many records are saved and the command that continues them.
+The line on failed samples (how many, and the first one's error) goes to stderr in every format.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ def bench(
     shard_ = parse_shard(shard)
     chosen = apply_overrides(load_profile(profile), **overrides)
     check_profile_fits(names, chosen)
+    if prompt_style == "paper":
+        from mmspec_cli.bench.prompts import check_paper_target
+        from mmspec_cli.models.loading import model_type_on_disk
+
+        check_paper_target(model_type_on_disk(chosen.target), chosen.target.model)
     threads = check_threads(threads)
     if shard == "auto":
         chosen = pin_local_device(chosen, os.environ)
@@ -200,6 +209,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                 from mmspec_cli.models.threads import apply_threads
 
                 models = _load(profile, names)
+                if prompt_style == "paper":  # a hub target whose config was not on disk before it loaded
+                    from mmspec_cli.bench.prompts import check_paper_target
+
+                    check_paper_target(models.target.model.config.model_type, profile.target.model)
                 settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)
                 total = sum(len(t) for t in pending.values())
                 from mmspec_cli.cli.display import forget_compiling, report_compiling
@@ -280,12 +293,11 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
                         f"draft {_short(other.get('draft'))}, not profile {label}'s models; pass --profile with theirs")
     if profile.draft is None and not profile.head and profile.ssd.layer is None:
         return {}, {}, f"Eq. (1) not shown: profile {label} has no draft step to measure a latency ratio with"
-    modes = {bool(json.loads(r.get("ensemble") or "{}").get("compile")) for rs in ours.values() for r in rs}
-    if len(modes) > 1:
-        return {}, {}, ("Eq. (1) not shown: some records were made with --compile and some without, each with its "
-                        "own latencies; summarise the files of one kind at a time")
-    compiled = modes == {True}  # the latencies profile-latency --compile timed
     from mmspec_cli.bench import latency
+    from mmspec_cli.bench.records import made_compiled
+
+    # the latencies profile-latency --compile timed; records of both kinds are refused before (records.check_one_kind)
+    compiled = any(made_compiled(r) for rs in ours.values() for r in rs)
     from mmspec_cli.bench.summary import mean_prompt_tokens
     from mmspec_cli.cli.profile_latency import NO_DRAFT
     from mmspec_cli.models.loading import resolve_device
@@ -396,7 +408,7 @@ def _report(records: list[dict], profile: Profile, fmt: str, label: str) -> int:
 
     ratios, steps, eq1_note = latency_ratios(profile, records, label)
     summary = summarize(records, ratios, steps)
-    lines = [report.check_line(summary), report.failure_line(summary), report.ratio_line(summary), eq1_note]
+    lines = [report.check_line(summary), report.ratio_line(summary), eq1_note]
     if fmt == "json":
         typer.echo(report.as_json(summary))
     elif fmt == "csv":
@@ -411,4 +423,7 @@ def _report(records: list[dict], profile: Profile, fmt: str, label: str) -> int:
         for line in lines:
             if line:
                 typer.echo(line, err=True)
+    failures = report.failure_line(summary)
+    if failures:  # why the exit code is 1: on stderr in every format, where a script or a user looks for errors
+        typer.echo(failures, err=True)
     return 0 if summary.ok else EXIT_FAILED

@@ -20,6 +20,7 @@ from mmspec_cli.choices import ORACLE
 from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
 from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
                                        weight_share)
+from mmspec_cli.errors import InputError
 from mmspec_cli.models.images import load_images
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import check_questions
@@ -38,6 +39,7 @@ def compare(
     profile: ProfileName = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
     threads: Threads = None,
+    turn_image: Annotated[list[str] | None, typer.Option("--turn-image", hidden=True)] = None,
     *,
     overrides: dict,
 ) -> None:
@@ -46,8 +48,12 @@ def compare(
     Shows each drafter's output (accepted draft tokens green, target tokens cyan), block
     efficiency, acceptance rate, speed and, for ensembles, the weight trajectory. Under greedy
     decoding the outputs must be identical; if not, the first divergence is shown and the
-    exit code is 1.
+    exit code is 1. Every image opens the conversation: compare takes no --turn-image.
     """
+    if turn_image:  # generate's flag, given here: say what compare does instead of "no such option"
+        raise InputError("compare shows every IMAGE in the first turn and takes no --turn-image; run `mmspec "
+                         "generate --turn-image N:IMAGE` per drafter, or `mmspec bench` over a manifest whose later "
+                         "turns bring images")
     pictures = load_images(images or [])
     questions = check_questions(question or [], None)
     chosen = apply_overrides(load_profile(profile), **overrides)

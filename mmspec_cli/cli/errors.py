@@ -4,6 +4,10 @@
 - CUDA out of memory: a one-line hint (quantize, smaller dtype), exit 2;
 - Ctrl-C: exit 130 (a command that saved something says what, and how to go on);
 - a path too long for the file system (``OSError`` ENAMETOOLONG, from any flag or argument): one line, exit 2;
+- a write that finds no room (ENOSPC, EDQUOT, EFBIG), on stdout (``> /dev/full``) or on a file no command maps
+  itself: one line, exit 2 (:func:`write_failed`);
+- a reader gone from a pipe (``| head -c 10``: EPIPE) is left to click, which exits 1 quietly, as a command
+  killed by SIGPIPE is quiet, and keeps Python from complaining at exit;
 - click's usage and type errors (``--gamma five``, an unknown flag): one ``error:`` line too, exit 2,
   instead of typer's boxed multi-line panel (:func:`usage_errors_in_one_line`).
 
@@ -42,13 +46,17 @@ def handles_errors(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
+            _flush(sys.stdout)  # output still buffered fails now, inside this handler, not in Python's flush at exit
+            return result
         except _handled() as exc:
             raise typer.Exit(report(exc)) from None
         except OSError as exc:
-            if exc.errno != errno.ENAMETOOLONG:  # any other OSError unmapped here is a bug: its traceback shows
-                raise
-            raise typer.Exit(report(MmspecError(name_too_long(exc)))) from None
+            if exc.errno == errno.ENAMETOOLONG:
+                raise typer.Exit(report(MmspecError(name_too_long(exc)))) from None
+            if exc.errno in NO_ROOM:
+                raise typer.Exit(report(MmspecError(write_failed(exc)))) from None
+            raise  # EPIPE is click's (see above); any other OSError unmapped here is a bug: its traceback shows
 
     return wrapper
 
@@ -77,6 +85,46 @@ def name_too_long(exc: OSError) -> str:
     longest = max(path.split(os.sep), key=len, default="")
     return (f"the path {shorten(path)} is too long for the file system (its longest name is {len(longest.encode())} "
             f"bytes; most file systems allow 255); use a shorter name")
+
+
+#: The errors of a write that found no room: a full disk, a used-up quota, a file past its size limit.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_failed(exc: OSError) -> str:
+    """The one line for a write that found no room: naming the file when the error does (opening one), else
+    "the output" (a write on an open stream names no file: stdout, above all, as ``> /dev/full``; the files commands
+    write themselves, such as results and heads, are mapped where they are written, saying what was kept). A stdout
+    that can't be flushed any more is set aside (:func:`_set_aside_stdout`)."""
+    from mmspec_cli.models.writing import reason
+
+    if _cannot_flush(sys.stdout):
+        _set_aside_stdout()
+    fix = "raise the limit (ulimit -f)" if exc.errno == errno.EFBIG else "free some space"
+    if isinstance(exc.filename, str):
+        return f"writing {shorten(exc.filename, 200)} failed: {reason(exc)}; {fix} and run the command again"
+    return f"writing the output failed: {reason(exc)}; {fix}, or send the output to another disk"
+
+
+def _flush(stream: Any) -> None:
+    try:
+        stream.flush()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        pass
+
+
+def _cannot_flush(stream: Any) -> bool:
+    try:
+        _flush(stream)
+    except OSError:
+        return True
+    return False
+
+
+def _set_aside_stdout() -> None:
+    """Send what is left of stdout to the null device: Python flushes ``sys.stdout`` once more at exit, which would
+    fail again and print "Exception ignored ..." after the error line."""
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # open for the life of the process
 
 
 def message(exc: BaseException) -> str:

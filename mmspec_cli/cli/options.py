@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import shlex
 from collections.abc import Callable
@@ -31,8 +32,9 @@ Questions = Annotated[list[str] | None, typer.Option("-q", "--question", metavar
 ProfileName = Annotated[str | None, typer.Option("--profile", metavar="NAME|PATH",
                                                  help="Built-in profile name or YAML file.")]
 Threads = Annotated[int | None, typer.Option("--threads", metavar="N", help=(
-    "CPU threads for models on the CPU (also MMSPEC_THREADS); default: 1 for small models like the demo "
-    "family's, else the cores the load average leaves idle."))]
+    "CPU threads for models on the CPU (also MMSPEC_THREADS), at most twice the cores this process may use "
+    "(more only wait for each other); default: 1 for small models like the demo family's, else the cores the load "
+    "average leaves idle."))]
 
 
 TurnImages = Annotated[list[str] | None, typer.Option("--turn-image", metavar="N:IMAGE", help=(
@@ -48,7 +50,7 @@ def parse_turn_images(values: list[str] | None, questions: int) -> dict[int, lis
         number, _, path = value.partition(":")
         if not number.strip().isdigit() or not path:
             raise InputError(f"--turn-image takes N:IMAGE, the question's number (from 1) and an image file, got "
-                             f"{shorten(value)!r}; e.g. --turn-image 2:second.png")
+                             f"{shorten(value)}; e.g. --turn-image 2:second.png")
         if not 1 <= int(number) <= questions:
             raise InputError(f"--turn-image {shorten(value)} names question {int(number)}, but there "
                              f"{'is' if questions == 1 else 'are'} {questions} question{'s' * (questions != 1)} (-q); "
@@ -95,6 +97,7 @@ def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None,
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             overrides = {name: kwargs.pop(name, None) for name in names}
+            check_choices(overrides)
             return command(*args, overrides=overrides, **kwargs)
 
         wrapper.__signature__ = signature.replace(parameters=own + added)
@@ -102,6 +105,17 @@ def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None,
         return wrapper
 
     return decorate
+
+
+def check_choices(overrides: dict[str, Any]) -> None:
+    """Refuse a flag that takes one of a few words (``--tree``, ``--gamma-schedule``: their metavar lists them) given
+    another, listing the words the flag takes. The profile key behind it may also hold ``null`` (``decoding.tree``:
+    pick by ``tree_width``), which the key's own check lists but no flag can be given."""
+    for name, value in overrides.items():
+        words = OVERRIDES[name].metavar.split("|")
+        if value is not None and len(words) > 1 and value not in words:
+            shown = json.dumps(value if len(value) <= 40 else value[:39] + "…", ensure_ascii=False)
+            raise InputError(f"--{name.replace('_', '-')}: expected one of {', '.join(words)}, got {shown}")
 
 
 def check_writable(path: Path, flag: str) -> None:

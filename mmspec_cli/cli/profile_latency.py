@@ -11,6 +11,7 @@ draft model), the draft model's T_q for the others.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import statistics
 from pathlib import Path
@@ -20,7 +21,7 @@ import typer
 
 from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, check_writable, flag_type
-from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
+from mmspec_cli.choices import HEAD_KINDS, MAX_GAMMA, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import apply_overrides, load_profile
 
@@ -42,6 +43,14 @@ def parse_ints(text: str, flag: str, low: int = 1) -> list[int]:
     if not values or any(v < low for v in values):
         raise InputError(f"{flag}: expected a comma-separated list of integers >= {low}, got {shorten(text)}")
     return sorted(set(values))
+
+
+def check_tau(tau: float) -> None:
+    """Refuse a ``--tau`` that is no block efficiency: NaN, infinite (whose Eq. (1) would print ``nanx``, or
+    ``Infinity``, which is not JSON), below 1 or above γ + 1 for the largest γ a profile accepts."""
+    if not math.isfinite(tau) or not 1 <= tau <= MAX_GAMMA + 1:
+        raise InputError(f"--tau: expected a block efficiency between 1 and {MAX_GAMMA + 1} (at most γ + 1 tokens "
+                         f"per target call, γ <= {MAX_GAMMA}), got {tau}")
 
 
 def tau_from_results(path: Path) -> dict[str, float]:
@@ -66,7 +75,9 @@ def tau_from_results(path: Path) -> dict[str, float]:
 def profile_latency(
     profile: ProfileName = None,
     batch: Annotated[str, typer.Option(metavar="B,...", help="Draft batch rows (ensemble members).")] = "1,2,3,4",
-    seq: Annotated[str, typer.Option(metavar="S,...", help="Prefix lengths in tokens.")] = "512,1024,2048,3072",
+    seq: Annotated[str | None, typer.Option(metavar="S,...", show_default=False, help=(
+        "Prefix lengths in tokens (default: those of 512,1024,2048,3072 that fit the models' context with the "
+        "largest γ, and the longest prefix that fits when 3072 does not)."))] = None,
     gammas: Annotated[str, typer.Option(metavar="G,...", help="Tokens verified per target call.")] = DEFAULT_GAMMAS,
     gamma: Annotated[str | None, typer.Option(hidden=True, help="Deprecated name of --gammas.")] = None,
     repeat: Annotated[int, typer.Option(metavar="N", help="Timed repeats per point (median).")] = 10,
@@ -86,12 +97,12 @@ def profile_latency(
     Results that can't be cached (MMSPEC_CACHE not writable) are printed, then one error line says why; exit code 2.
     """
     gamma_flag, gamma_values = _gammas(gammas, gamma)
-    batches, seqs = parse_ints(batch, "--batch"), parse_ints(seq, "--seq")
+    batches, seqs = parse_ints(batch, "--batch"), None if seq is None else parse_ints(seq, "--seq")
     gamma_list = parse_ints(gamma_values, gamma_flag)
     if repeat < 1:
         raise InputError(f"--repeat: expected an integer >= 1, got {repeat}")
-    if tau is not None and tau < 1:
-        raise InputError(f"--tau: expected a block efficiency >= 1, got {tau}")
+    if tau is not None:
+        check_tau(tau)
     taus = tau_from_results(results) if results is not None else ({"--tau": tau} if tau is not None else {})
     chosen = apply_overrides(load_profile(profile), ssd_layer=ssd_layer, compile=compile)
     if chosen.draft is None and not chosen.head and chosen.ssd.layer is None:
@@ -149,7 +160,10 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
 
     target = load_model(profile.target, "target", multi_gpu_ok=True)
     draft = load_model(profile.draft, "draft") if profile.draft is not None else None
-    _check_lengths([m for m in (target, draft) if m is not None], max(seqs) + max(gammas))
+    loaded = [m for m in (target, draft) if m is not None]
+    if seqs is None:
+        seqs = latency.default_seqs(_context(loaded), max(gammas))
+    _check_lengths(loaded, max(seqs) + max(gammas))
     heads = {}
     for spec in profile.head:
         head = load_head(spec.model, spec.kind, spec.num_q, target, spec.revision)
@@ -238,9 +252,20 @@ def _ssd_timing(profile, target):
     return SsdTiming(layer, imitation, profile.ssd.imitation)
 
 
+def _limit(loaded) -> int | None:
+    """How many positions ``loaded``'s language model takes (None: its config doesn't say)."""
+    return getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
+
+
+def _context(models) -> int | None:
+    """The fewest positions any of ``models`` takes: the longest S + γ the default ``--seq`` may reach."""
+    limits = [limit for limit in map(_limit, models) if limit is not None]
+    return min(limits, default=None)
+
+
 def _check_lengths(models, needed: int) -> None:
     for loaded in models:
-        limit = getattr(loaded.model.config.get_text_config(), "max_position_embeddings", None)
+        limit = _limit(loaded)
         if limit is not None and needed > limit:
             raise InputError(f"--seq: the {loaded.role} model '{loaded.name}' takes at most {limit} positions, "
                              f"but S + γ = {needed}; pass smaller --seq values")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +17,7 @@ import yaml
 
 from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Questions, Threads, check_threads, check_writable, decoding_flags
-from mmspec_cli.errors import InputError
+from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile, profile_to_dict
 
 
@@ -33,7 +34,8 @@ def select_layer(
     empirical: Annotated[int | None, typer.Option(metavar="K", help=(
         "Also run ssd at the K best layers by reward and choose by measured speedup."))] = None,
     write: Annotated[str | None, typer.Option(metavar="PROFILE", help=(
-        "Save a copy of the profile with ssd.layer set to the chosen layer."))] = None,
+        "Save a copy of the profile with ssd.layer set to the chosen layer, to a new file (an existing one is "
+        "refused); its imitation network is kept if trained for that layer."))] = None,
     imitation: Annotated[bool, typer.Option("--imitation", help=(
         "Also score the profile's imitation network (ssd.imitation) at its layer; with --empirical, run ssd "
         "both with and without it."))] = False,
@@ -45,6 +47,8 @@ def select_layer(
     """Choose the draft depth of self-speculative drafting (ssd) on a calibration set (FastVLM App. A.4).
 
     C_l is the target's mean max-softmax confidence, over the generated tokens, when its hidden state after layer l goes through the final norm and LM head. The reward is r_l = C_l - λ·l; the chosen layer maximises it.
+
+    --write never replaces a file that holds something. Its copy keeps the profile's imitation network (ssd.imitation) when the network was trained for the chosen layer (with --imitation: when the choice drafts through it); otherwise the copy drafts without it, and a warning line says so.
     """
     from mmspec_cli.selectlayer.reward import check_lambda
 
@@ -64,20 +68,25 @@ def select_layer(
 
     forget_compiling()
     result = _run(chosen, samples, lam, max_layer, empirical, threads, imitation)
-    failed = None
+    failed, warning = None, None
     if out_path is not None:
+        kept, warning = written_imitation(chosen.ssd.imitation, _trained_layer(chosen, imitation), result["chosen"],
+                                          scored=imitation, chosen_with_it=result.get("chosen_imitation", False))
         try:
-            _write_profile(chosen, result["chosen"], result.get("chosen_imitation", False), out_path)
-            result["written"] = str(out_path)
-        except OSError as exc:  # checked above, but the disk can still fill up: print the results first
-            failed = exc
+            _write_profile(chosen, result["chosen"], kept, out_path, write)
+            result["written"], result["written_imitation"] = str(out_path), kept
+        except InputError as exc:  # a file made there during the calibration: print the results first
+            failed = str(exc)
+        except OSError as exc:  # checked above, but the disk can still fill up
+            failed = f"--write {shorten(write)} could not be written ({exc.strerror or exc})"
     typer.echo(json.dumps(_finite(result)) if as_json else _report(result), nl=as_json)
+    if warning is not None and failed is None:
+        typer.echo(f"warning: {warning}", err=True)
     from mmspec_cli.cli.display import report_compiling
 
     report_compiling()
     if failed is not None:
-        raise InputError(f"--write {shorten(write)} could not be written ({failed.strerror or failed}); "
-                         f"set ssd.layer: {result['chosen']} in a copy of the profile by hand")
+        raise InputError(f"{failed}; set ssd.layer: {result['chosen']} in a copy of the profile by hand")
 
 
 def _finite(value: Any) -> Any:
@@ -98,8 +107,51 @@ def _check_write(write: str | None, profile: Profile) -> Path | None:
     path = Path(write).expanduser()
     if path.resolve() == Path(profile.source).resolve():
         raise InputError(f"--write {shorten(write)} is the profile itself; --write saves a copy, so name another file")
+    refuse_existing(path, write)
     check_writable(path, "--write")
     return path
+
+
+def refuse_existing(path: Path, write: str) -> None:
+    """Refuse a ``--write`` file that already holds something, as ``bench --out`` refuses one: the copy of the
+    profile must not replace what a user wrote there (notes, another profile). An empty file holds nothing to lose."""
+    if path.is_file() and path.stat().st_size > 0:
+        raise InputError(f"--write {shorten(write)} already exists; --write saves to a new file, so choose another "
+                         f"name or delete it first")
+
+
+def written_imitation(name: str | None, trained: int | None, chosen: int, scored: bool,
+                      chosen_with_it: bool) -> tuple[str | None, str | None]:
+    """The ``ssd.imitation`` of the written profile, and a warning when the profile's is left out.
+
+    With ``--imitation`` (``scored``) the choice itself says whether drafting goes through the imitation network
+    (``chosen_with_it``). Without it the profile's network is kept as the user set it, when it follows the chosen
+    layer: it was trained after that layer (``trained``; None: its config can't be read). Else it can't be used
+    there (ssd refuses a network trained for another layer), so the copy drafts without it and a warning says so."""
+    if name is None:
+        return None, None
+    if scored:
+        return (name if chosen_with_it else None), None
+    if trained == chosen:
+        return name, None
+    why = ("can't be read" if trained is None else
+           f"was trained after layer {trained}, not the chosen layer {chosen}")
+    return None, (f"the profile's imitation network {shorten(name)} {why}, so the written profile drafts without "
+                  f"it; pass --imitation to compare drafting through it, or train one for layer {chosen} with "
+                  f"`mmspec train-head imitation`")
+
+
+def _trained_layer(profile: Profile, scored: bool) -> int | None:
+    """The layer the profile's imitation network follows, read from its config (None: none, or unreadable); only
+    needed when it was not scored (``--imitation`` compares it at its layer instead)."""
+    if profile.ssd.imitation is None or scored:
+        return None
+    from mmspec_cli.models.imitation import trained_layer
+
+    try:
+        return trained_layer(profile.ssd.imitation)
+    except (MmspecError, OSError):
+        return None
 
 
 def _samples(sources: list[str], questions: list[str], limit: int | None) -> list:
@@ -109,6 +161,7 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
 
     if questions:
         return [Sample(id="input", category="input", turns=tuple(questions), images=tuple(load_images(sources)))]
+    refuse_images(sources)
     if len(sources) != 1:
         raise InputError("pass one calibration SOURCE (a manifest, a suite such as demo-single, a dataset id), "
                          "or image files with -q QUESTION")
@@ -118,6 +171,17 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
     if not samples:
         raise InputError(f"SOURCE {sources[0]} holds no samples; pass a calibration set with at least one")
     return samples
+
+
+def refuse_images(sources: list[str]) -> None:
+    """Without -q a SOURCE is a calibration set; an image there would be read as a JSONL manifest and fail to
+    decode, so it is refused first in its own words."""
+    from mmspec_cli.models.images import is_image_file
+
+    for source in sources:
+        if is_image_file(Path(os.path.expanduser(source))):
+            raise InputError(f"SOURCE {shorten(source)} is an image, and images need a question: pass -q QUESTION "
+                             f"(e.g. -q 'What is in the image?'), or a JSONL manifest or a suite such as demo-single")
 
 
 def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | None,
@@ -177,11 +241,12 @@ def _run(profile: Profile, samples: list, lam: float | None, max_layer: int | No
     return result
 
 
-def _write_profile(profile: Profile, layer: int, with_imitation: bool, path: Path) -> None:
-    """The profile with ``ssd.layer: layer``; its imitation network kept only when the choice drafts through it."""
-    imitation = profile.ssd.imitation if with_imitation else None
+def _write_profile(profile: Profile, layer: int, imitation: str | None, path: Path, write: str) -> None:
+    """The profile with ``ssd.layer: layer`` and ``ssd.imitation: imitation`` (:func:`written_imitation`), written
+    unless a file appeared at ``path`` during the calibration."""
     data = profile_to_dict(dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer,
                                                                                  imitation=imitation)))
+    refuse_existing(path, write)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
@@ -219,5 +284,7 @@ def _report(result: dict[str, Any]) -> str:
         "" if "chosen_imitation" not in result else
         ", through the imitation network" if result["chosen_imitation"] else ", without the imitation network"))
     if "written" in result:
-        lines.append(f"wrote {result['written']} (the profile with ssd.layer: {result['chosen']})")
+        imitation = result["written_imitation"]
+        lines.append(f"wrote {result['written']} (the profile with ssd.layer: {result['chosen']}"
+                     + (f", drafting through its imitation network {imitation})" if imitation else ")"))
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import load_profile
+from mmspec_cli.models.prompts import shorten as shorten_path
 from mmspec_cli.training.out_folder import CHECKPOINT, resolve_out
 from mmspec_cli.training.limits import check_steps
 
@@ -58,7 +59,7 @@ def train_head(
     answer_tokens: Annotated[int, typer.Option(metavar="N", help="At most N tokens per answer.")] = 1024,
     answers: Annotated[str | None, typer.Option(metavar="FILE", show_default=False, help=(
         "The answers file (default: DIR.answers.jsonl): name the same file in runs of several kinds to answer "
-        "once."))] = None,
+        "once (a run waits while another answers into it, then reuses its answers)."))] = None,
     ssd_layer: Annotated[int | None, typer.Option(metavar="N", help=(
         "imitation: the exit layer the network follows (ssd.layer of the profiles that will use it)."))] = None,
     threads: Threads = None,
@@ -94,6 +95,7 @@ def train_head(
     if not 0 <= seed < 2**63:
         raise InputError(f"--seed: expected an integer in [0, 2^63), got {seed}")
     folder = resolve_out(out)
+    answers_at = None if answers is None else answers_file(answers)
     chosen = load_profile(profile)
     threads = check_threads(threads)
 
@@ -107,7 +109,7 @@ def train_head(
         loss=loss, ssd_layer=ssd_layer, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,
                                           seed=seed),
-        answers_file=None if answers is None else answers_file(answers))
+        answers_file=answers_at)
     try:
         report = run(chosen, settings, on_target=lambda target: apply_threads(threads, target.model))
     except KeyboardInterrupt as exc:
@@ -124,12 +126,16 @@ def train_head(
 
 
 def answers_file(text: str) -> Path:
-    """``--answers FILE``: a file path (not a folder, not empty)."""
+    """``--answers FILE``: a file path (not a folder, not empty) in a folder that exists: train-head makes the
+    folders above DIR (the user named them), not those of a file named apart from it (``--answers /typo/a.jsonl``)."""
     if not text.strip():
         raise InputError("--answers is empty; name a JSONL file, or leave it out (DIR.answers.jsonl)")
     path = Path(text).expanduser()
     if path.is_dir():
         raise InputError(f"--answers {shorten(text)} is a folder; name a JSONL file")
+    if not path.parent.exists():  # one that is a file is said by training/out_folder.py
+        raise InputError(f"--answers {shorten(text)}: folder {shorten_path(str(path.parent))} doesn't exist; create "
+                         f"it or pick another path")
     return path
 
 

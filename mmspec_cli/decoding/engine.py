@@ -26,6 +26,7 @@ from mmspec_cli.decoding.step import BlockStep, TurnOutput
 from mmspec_cli.decoding.timing import TurnClock
 from mmspec_cli.decoding.tree import TreeSettings, check_tree_support
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.families import family_of
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import process
 
@@ -53,23 +54,38 @@ def max_sequence_length(config: Any, default: int = 4096) -> int:
 
 
 def check_context(config: Any, prompt_tokens: int, max_new_tokens: int, role: str = "target",
-                  what: str = "the prompt", limit_flag: str = "--max-new-tokens") -> None:
+                  what: str = "the prompt", limit_flag: str = "--max-new-tokens", image_tokens: int = 0,
+                  images: int = 0) -> None:
     """Refuse a turn that can't fit the ``role`` model's context: one line with the numbers and what to lower
     (``limit_flag``: the flag that sets ``max_new_tokens`` in the command at hand).
 
     The model reads the prompt and every generated token but the last (which is emitted, never
     fed), so ``prompt_tokens + max_new_tokens - 1`` positions must fit; a model that declares no
-    context is not checked.
+    context is not checked. ``image_tokens`` of the prompt are the vision tokens of its ``images`` images: the
+    line says how many; when they are most of the prompt and the text alone would fit, the images made it too
+    long and the fix is theirs (``fewer_image_tokens`` of the model's family: Qwen-VL's ``max_pixels``).
     """
     context = context_length(config)
     needed = prompt_tokens + max_new_tokens - 1
     if context is None or needed <= context:
         return
     room = context + 1 - prompt_tokens
+    text_tokens = prompt_tokens - image_tokens
+    image_room = context + 1 - max_new_tokens - text_tokens  # what the images may take with the text as it is
     fix = f"lower {limit_flag} to {room} or shorten the question" if room >= 1 else "shorten the question"
+    split = ""
+    if image_tokens:
+        split = f" ({image_tokens} for its {_images(images)}, {text_tokens} for the text)"
+        if image_tokens >= text_tokens and image_room >= max(images, 1):  # the images made it long
+            fix = family_of(config).fewer_image_tokens(images, image_room, role)
+            fix = f"{fix}, or lower {limit_flag} to {room}" if room >= 1 else fix
     limit = "max_new_tokens" if limit_flag == "--max-new-tokens" else limit_flag  # the profile key, or the flag
-    raise InputError(f"{what} is {prompt_tokens} tokens and {limit} is {max_new_tokens}: {needed} tokens, "
+    raise InputError(f"{what} is {prompt_tokens} tokens{split} and {limit} is {max_new_tokens}: {needed} tokens, "
                      f"more than the {role}'s context of {context}; {fix}")
+
+
+def _images(count: int) -> str:
+    return "image" if count == 1 else f"{count} images"
 
 
 #: Room a static KV state keeps beyond the prompt and ``max_new_tokens``: a compiled step's padding, a tree's
@@ -157,7 +173,8 @@ class SpeculativeDecoder:
               max_new_tokens: int) -> Generator[BlockVerified, None, TurnResult]:
         clock = TurnClock(self.drafter)
         prompt = process(self.target.processor, text, images)
-        check_context(self.target.model.config, len(prompt.ids), max_new_tokens)  # before any forward
+        check_context(self.target.model.config, len(prompt.ids), max_new_tokens,  # before any forward
+                      image_tokens=prompt.ids.count(self.target.image_token_id), images=len(images))
         self.runner.reserve(len(prompt.ids) + max_new_tokens + STATIC_SLACK)  # a static state: allocated now
         self._begin_turn(text, images, prompt)
         for model, tokens in self.drafter.prompt_lengths():  # each draft's own view of the prompt (text-only, ...)

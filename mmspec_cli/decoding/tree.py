@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from mmspec_cli.choices import MAX_TREE_WIDTH, tree_kind
+from mmspec_cli.choices import MAX_TREE_WIDTH, TREE_SETTINGS, tree_conflict, tree_kind
 from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.families import family_of
@@ -79,14 +79,10 @@ class TreeSettings:
                 topk: int = 8) -> "TreeSettings":
         """``tree`` None: a width tree when ``width`` > 1, else a chain (``--tree-width`` alone keeps working)."""
         check_tree_width(width)
-        kind = tree_kind(tree, width)
-        if kind == "chain" and width > 1:
-            raise InputError(f"--tree chain and --tree-width {width} disagree; drop --tree-width, or use --tree width")
-        if kind == "width" and width < 2:
-            raise InputError("--tree width needs --tree-width 2 or more (branches per block)")
-        if kind == "dynamic" and width > 1:
-            raise InputError(f"--tree dynamic shapes its own tree; drop --tree-width {width} (use --tree-topk)")
-        return cls(kind, width, budget, depth, topk)
+        conflict = tree_conflict(tree, width, TREE_SETTINGS)  # the engine's keywords, named as the flags they are
+        if conflict:
+            raise InputError(conflict)
+        return cls(tree_kind(tree, width), width, budget, depth, topk)
 
     @property
     def drafts_tree(self) -> bool:

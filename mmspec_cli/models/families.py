@@ -16,8 +16,9 @@ one image is in the unexpanded prompt text (:meth:`image_placeholder_ids`: what 
 caption view replaces), the positions of a batch of left-padded prompts (:meth:`batch_positions`),
 how many images a processor's tensors hold and the tensors of some of them (:meth:`image_count`,
 :meth:`images_in`: a later turn's new images are fed after the cached conversation),
-whether batched draft rows hand the model its images to embed itself (``model_embeds_row_images``), and
-whether its decoder takes a custom 4-D mask for token trees (``tree_decoders``). :func:`family_of` picks
+whether batched draft rows hand the model its images to embed itself (``model_embeds_row_images``),
+whether its decoder takes a custom 4-D mask for token trees (``tree_decoders``), and how a user makes the
+images take fewer tokens when they overflow the context (:meth:`fewer_image_tokens`). :func:`family_of` picks
 the adapter from the model's config.
 """
 
@@ -56,6 +57,11 @@ class LlavaFamily:
     def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
         """The token ids one image is in the prompt text before the processor expands it."""
         return (image_token_id,)
+
+    def fewer_image_tokens(self, images: int, room: int, role: str) -> str:
+        """How to make ``images`` images fit in ``room`` vision tokens, for an error line. LLaVA's processors take
+        no pixel bound: each image is a fixed number of tokens (LLaVA-1.5) or grows with its size (NeXT's tiles)."""
+        return "pass fewer or smaller images"
 
     #: the processor's tensors :meth:`images_in` can cut per image (each holds one entry per image on dim 0)
     image_keys: tuple[str, ...] = ("pixel_values", "image_sizes")
@@ -116,6 +122,18 @@ class QwenVLFamily(LlavaFamily):
 
     def image_placeholder_ids(self, image_token_id: int) -> tuple[int, ...]:
         return (self.config.vision_start_token_id, image_token_id, self.config.vision_end_token_id)
+
+    def fewer_image_tokens(self, images: int, room: int, role: str) -> str:
+        """An image takes at most ``max_pixels`` / (patch · merge)² tokens (``smart_resize`` keeps h·w under
+        ``max_pixels``, in multiples of patch · merge): the ``max_pixels`` that fits ``room`` tokens shared
+        evenly by ``images`` images, or a smaller image."""
+        vision = self.config.vision_config
+        patch = vision.patch_size if isinstance(vision.patch_size, int) else vision.patch_size[0]
+        per_image = room // max(images, 1)
+        bound = per_image * (patch * vision.spatial_merge_size) ** 2
+        each = "each image" if images > 1 else "the image"
+        return (f"set {role}.max_pixels in the profile to {bound} or less ({each} then takes at most {per_image} "
+                f"tokens), or pass {'smaller images' if images > 1 else 'a smaller image'}")
 
     image_keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
 

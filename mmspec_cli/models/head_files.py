@@ -44,13 +44,13 @@ CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head f
 @dataclass(frozen=True)
 class HeadInfo:
     """What ``config.json`` says about a head: its layer config, kind, num_q, target and the target's signature
-    (None when unknown)."""
+    (:func:`~.target_identity.signature`, or the norms heads saved before hold; None when unknown)."""
 
     config: LlamaConfig
     kind: str | None
     num_q: int | None
     target: str | None
-    target_signature: list[float] | None = None
+    target_signature: dict[str, list] | list[float] | None = None
 
 
 def head_dir(model: str, revision: str | None = None) -> Path:
@@ -160,8 +160,9 @@ def check_tensors(head: DraftHead, weights: dict[str, torch.Tensor], shown: str)
 
 
 def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedModel,
-              revision: str | None = None) -> DraftHead:
-    """Load a head for ``target``; ``kind``/``num_q`` from the profile (None: from the checkpoint)."""
+              revision: str | None = None, drafter: str | None = None) -> DraftHead:
+    """Load a head for ``target``; ``kind``/``num_q`` from the profile (None: from the checkpoint). ``drafter``: the
+    kind of head the drafter that will use it needs (None: any), checked when the profile names no kind."""
     shown = shorten(model)
     folder = head_dir(model, revision)
     info = read_info(folder, shown)
@@ -169,9 +170,7 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
     weights = read_weights(folder, shown)
     check_finite(weights, f"head {shown}", "mmspec train-head")
     found = info.kind or infer_kind(weights)
-    if kind is not None and kind != found:
-        raise ModelLoadError(f"head {shown} is a {found} head but the profile says kind: {kind}; "
-                             f"set head kind: {found} or name a {kind} head")
+    check_kind(found, kind, drafter, shown)
     if "imadpt.q" in weights:
         stored = int(weights["imadpt.q"].shape[0])
         if num_q is not None and num_q != stored:
@@ -185,6 +184,24 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
     head.load_state_dict(weights, strict=True, assign=True)  # keep the stored precision until the cast below
     lm_head = target.model.get_output_embeddings().weight
     return head.to(device=lm_head.device, dtype=lm_head.dtype).eval()
+
+
+def check_kind(found: str, kind: str | None, drafter: str | None, shown: str) -> None:
+    """Refuse a head of kind ``found`` that is not the kind the profile gives it (``kind``) or, when it gives none,
+    the kind the drafter needs (``drafter``), in one line naming which of the two asked for another kind."""
+    if kind is not None and kind != found:
+        raise ModelLoadError(f"head {shown} is {_a(found)} head but the profile says kind: {kind}; "
+                             f"set its kind: {found}, or name {_a(kind)} head")
+    if kind is None and drafter is not None and drafter != found:
+        raise ModelLoadError(f"the {drafter} drafter needs {_a(drafter)} head, and the profile's head {shown} (which "
+                             f"names no kind) is {_a(found)} head; draft with {found}, or add {_a(drafter)} head to "
+                             f"the profile (head: [{{model: {shown}, kind: {found}}}, {{model: PATH, kind: {drafter}}}]"
+                             f"), trained with `mmspec train-head {drafter}`")
+
+
+def _a(kind: str) -> str:
+    """``an eagle``, ``a vispec``."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> None:
@@ -237,7 +254,7 @@ def head_config(target: LoadedModel) -> LlamaConfig:
 
 
 def save_head(head: DraftHead, folder: Path, target: str, dtype: torch.dtype = torch.float16,
-              extra: dict[str, Any] | None = None, target_signature: list[float] | None = None) -> None:
+              extra: dict[str, Any] | None = None, target_signature: dict[str, list] | None = None) -> None:
     """Write ``config.json`` (Llama keys + an ``mmspec`` block: kind, num_q, the target's name and
     :func:`~.target_identity.signature`) and ``model.safetensors`` in ``dtype``."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,13 @@ VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpeg", ".mp
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """Open an image file fully (so corrupt files fail here, not mid-decoding) as 8-bit RGB (:func:`to_rgb`)."""
+    """Open an image file fully (so corrupt files fail here, not mid-decoding) as 8-bit RGB (:func:`to_rgb`).
+
+    A file of a known format whose data is cut short or broken is called damaged (or truncated) in its error, not
+    "not an image". A file of several frames (an animated GIF, PNG or WebP, a multi-page TIFF) is read as its first
+    frame, with one ``warning:`` line on stderr saying so: the first frame is what a viewer shows still and what a
+    thumbnail holds, and nothing the user asked for is refused; video files are refused (see ``VIDEO_SUFFIXES``).
+    """
     p = Path(path).expanduser()
     shown = shorten(str(path))
     try:
@@ -46,16 +53,62 @@ def load_image(path: str | Path) -> Image.Image:
                          f"(PNG or JPEG files) as images")
     try:
         with Image.open(p) as img:
-            img.load()
-            return to_rgb(img)
+            try:
+                frames = getattr(img, "n_frames", 1)
+                img.load()
+                image = to_rgb(img)
+            except (OSError, SyntaxError, ValueError, EOFError) as exc:  # its header was read, its data is broken
+                raise InputError(damaged(shown, img.format, exc)) from exc
     except Image.DecompressionBombError:
         # PIL refuses (rather than warns about) images over twice its MAX_IMAGE_PIXELS; the limit stays as it is
         limit = 2 * Image.MAX_IMAGE_PIXELS
         raise InputError(f"image '{shown}' has more pixels than PIL's limit of {limit:,} (a guard against "
                          f"decompression bombs); resize it (e.g. to 4096x4096 or smaller) and pass that file") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"image '{shown}' could not be read as an image ({type(exc).__name__}); "
-                         f"pass a PNG or JPEG file") from exc
+    except PermissionError:
+        raise InputError(f"image '{shown}' can't be read (permission denied); check the file's permissions") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:  # no format could read its header
+        if isinstance(exc, OSError) and exc.errno is not None:  # the system's error (EIO, ...), not PIL's
+            raise InputError(f"image '{shown}' can't be read ({exc.strerror or exc}); check the file") from exc
+        kind = format_by_signature(p)
+        if kind is not None:  # a known signature PIL could not get past: the file is cut or broken early on
+            raise InputError(damaged(shown, kind, exc)) from exc
+        raise InputError(f"image '{shown}' could not be read as an image: its first bytes are not those of a PNG, "
+                         f"JPEG, GIF, WebP, BMP or TIFF file, nor of another format PIL reads; pass a PNG or JPEG "
+                         f"file") from exc
+    if frames > 1:
+        print(f"warning: image '{shown}' has {frames} frames (an animation or a multi-page file); only its first "
+              f"frame is used: to ask about another, save that frame as a PNG and pass it", file=sys.stderr)
+    return image
+
+
+#: The first bytes of the image formats users pass, to tell a damaged file of a known format from a file that is
+#: no image at all.
+SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF87a": "GIF", b"GIF89a": "GIF",
+              b"BM": "BMP", b"II*\x00": "TIFF", b"MM\x00*": "TIFF"}
+
+
+def format_by_signature(path: Path) -> str | None:
+    """The image format ``path``'s first bytes announce (WebP: ``RIFF....WEBP``), or None."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(12)
+    except OSError:
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WebP"
+    return next((kind for signature, kind in SIGNATURES.items() if head.startswith(signature)), None)
+
+
+def damaged(shown: str, kind: str | None, exc: BaseException) -> str:
+    """The line for a file whose format is known but whose data can't be decoded: cut short (a download or copy
+    that stopped) or otherwise corrupt."""
+    if isinstance(exc, UnidentifiedImageError):  # PIL's text only repeats the file name
+        reason = "its header can't be read"
+    else:
+        reason = shorten(str(exc).splitlines()[0]) if str(exc).strip() else type(exc).__name__
+    what = "truncated (cut short)" if "truncated" in reason else "damaged or truncated"
+    return (f"image '{shown}' is a {what} {kind or 'image'} file ({reason}); copy or download it again, "
+            f"or re-save it from an image editor")
 
 
 def _missing(path: str, p: Path) -> str:
@@ -72,6 +125,19 @@ def _missing(path: str, p: Path) -> str:
         return (f"image '{shown}' is a link to '{shorten(os.readlink(p))}', which does not exist; "
                 f"fix the link or pass the image file itself")
     return f"image '{shown}' does not exist; check the path"
+
+
+def is_image_file(path: Path) -> bool:
+    """Whether ``path`` is a file that PIL recognises as an image, by its name's ending or its first bytes."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() in Image.registered_extensions():
+        return True
+    try:
+        with Image.open(path):  # reads the header only
+            return True
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        return False
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -4,9 +4,12 @@ A hub id and a local directory go through the same ``from_pretrained`` calls; te
 tiny models with ``save_pretrained`` and load them back here. Nothing from a model
 repository is executed unless its profile entry says ``trust_remote_code: true``.
 
-Before any weights load, a device the machine lacks is refused (:func:`check_device`), and
-a hub id is refused at once when the hub can't be reached and the model is not in the local
-Hugging Face cache (:func:`_hub_source`), instead of after half a minute of retries.
+Before any weights load, a device the machine lacks is refused (:func:`check_device`), a
+folder holding no model (no ``config.json``) is refused naming what it lacks
+(:func:`check_model_folder`), and a hub id is refused at once when the hub can't be reached and
+the model is not in the local Hugging Face cache (:func:`_hub_source`), instead of after half a
+minute of retries. A weights file that is cut short, empty or not a weights file at all is named
+in one line (:func:`damaged_weights`), whichever error safetensors, torch or transformers raised.
 """
 
 from __future__ import annotations
@@ -14,23 +17,28 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import os
 import threading
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.errors import MmspecError, ModelLoadError
 from mmspec_cli.models.families import family_of
 
 HUB_PROBE_TIMEOUT_S = 2.0  # one HEAD request to the hub; DNS failures and refused connections answer far sooner
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+#: The files ``from_pretrained`` reads weights from (one file, or the shards an index names), as globs.
+WEIGHT_GLOBS = ("model*.safetensors", "pytorch_model*.bin")
 
 
 @dataclass
@@ -253,6 +261,76 @@ def _unreachable_message(role: str, model: str, exc: Exception) -> str:
     )
 
 
+def check_model_folder(location: str, role: str, shown: str) -> None:
+    """Refuse a folder that holds no model (no ``config.json``: an empty folder, or one of tokenizer files only),
+    naming what it lacks, before transformers reads it as a config it does not know."""
+    folder = Path(location)
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    if not any(folder.iterdir()):
+        lacks = "the folder is empty"
+    else:
+        lacks = "it has no config.json" + ("" if _weight_files(folder) else
+                                           " and no weights file (model.safetensors or pytorch_model.bin)")
+    raise ModelLoadError(f"{role}.model: '{shown}' holds no model: {lacks}; "
+                         f"name the folder a model was saved to with save_pretrained "
+                         f"(config.json, model.safetensors and the processor's files), or a hub id")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The weights files in ``folder`` (:data:`WEIGHT_GLOBS`), safetensors first, as ``from_pretrained`` prefers."""
+    return [path for pattern in WEIGHT_GLOBS for path in sorted(folder.glob(pattern)) if path.is_file()]
+
+
+def weights_folder(source: str, revision: str | None) -> Path | None:
+    """Where ``from_pretrained`` read ``source``'s weights: the folder itself, or a hub id's snapshot in the local
+    Hugging Face cache; None when neither is here."""
+    if _is_local(source):
+        return Path(os.path.expanduser(source))
+    if not _is_hub_id(source):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(source, "config.json", revision=revision)
+    return Path(config).parent if isinstance(config, str) else None
+
+
+def damaged_weights(folder: Path | None) -> tuple[Path, str] | None:
+    """The first weights file in ``folder`` that can't be read, and why (its reader's words); None when all can.
+
+    Called when loading failed, so the cost of reading a ``.bin`` again does not matter; a safetensors file is
+    only opened (its header checked against the file's size: a cut file fails here)."""
+    for path in _weight_files(folder) if folder is not None else []:
+        why = _unreadable(path)
+        if why is not None:
+            return path, why
+    return None
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why the weights file ``path`` can't be read, or None."""
+    try:
+        if path.stat().st_size == 0:
+            return "it is empty"
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt"):
+                return None
+        mmap = zipfile.is_zipfile(path)  # torch's own format since 1.6; the legacy one is read whole
+        torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # safetensors' SafetensorError, torch's RuntimeError, UnpicklingError, EOFError, ...
+        return _first_line(exc).split(". ")[0].rstrip(".")  # torch's first sentence; its advice does not apply
+    return None
+
+
+def damaged_message(role: str, shown: str, local: bool, path: Path, why: str) -> str:
+    """One line naming the damaged file and the fix: save (or copy) a ``local`` folder's model again, download a
+    hub model's files again (they are in the Hugging Face cache)."""
+    fix = ("save the model there again with save_pretrained, or copy or download it again" if local
+           else f"download it again with `hf download {shown} --force-download`")
+    return (f"{role}.model: the weights file {path} is damaged ({why}): it was cut short or is not a weights file; "
+            f"{fix}")
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
@@ -271,6 +349,8 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     name = model_location(spec.model)
     device = resolve_device(spec.device)
     check_device(device, role)
+    check_model_folder(name, role, spec.model)
+    local = _is_local(name)
     name = _hub_source(role, name, spec.revision)
     common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
     try:
@@ -301,11 +381,21 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
             f"CUDA ran out of memory loading the {role} model '{spec.model}'; set {role}.quantization: 4bit or 8bit, "
             f"or a smaller {role}.dtype (float16)"
         ) from exc
-    except OSError as exc:
-        raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
     except ImportError as exc:  # e.g. LLaVA-OneVision's processor needs torchvision for its video part
         raise ModelLoadError(f"{role}.model: '{spec.model}' needs a package that is not installed ({_first_line(exc)}); "
                              f"install it (often `pip install torchvision`) and try again") from exc
+    except ModelLoadError:  # the processor's own refusals
+        raise
+    except Exception as exc:  # a damaged weights file raises what its reader raises: checked here, by reading it
+        damaged = damaged_weights(weights_folder(name, spec.revision))
+        if damaged is not None:
+            raise ModelLoadError(damaged_message(role, spec.model, local, *damaged)) from exc
+        if isinstance(exc, SafetensorError):  # safetensors' errors all mean a file it can't read
+            raise ModelLoadError(f"{role}.model: '{spec.model}' has a weights file safetensors can't read "
+                                 f"({_first_line(exc)}); download or save the model again") from exc
+        if isinstance(exc, OSError):
+            raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
+        raise
     processor = with_pixel_bounds(processor, spec, role, fallback_processor)
     if "device_map" not in kwargs:
         model = model.to(device)
@@ -416,3 +506,24 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             f"target and draft tokenizers differ ({len(t_vocab)} vs {len(d_vocab)} tokens, {differing} entries differ); "
             f"use a draft trained with the target's tokenizer"
         )
+
+
+def model_type_on_disk(spec: Any) -> str | None:
+    """The ``model_type`` of a profile's model (a :class:`~mmspec_cli.models.profiles.ModelSpec`) from a
+    ``config.json`` already on this machine, without loading anything: a folder, ``mmspec:NAME``, or a hub id in
+    the local cache. None where it would take a download (or the file can't be read: loading will say why)."""
+    try:
+        location = model_location(spec.model)
+        config = Path(location) / "config.json"
+        if not config.is_file():
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(location, "config.json", revision=spec.revision)
+            if not isinstance(cached, str):
+                return None
+            config = Path(cached)
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (MmspecError, OSError, ValueError):  # not there, not a hub id, not JSON: the loader says why in its words
+        return None
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    return model_type if isinstance(model_type, str) else None

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from mmspec_cli.choices import (DTYPES, HEAD_KINDS, MAX_GAMMA, MAX_TREE_BUDGET, MAX_TREE_WIDTH, MEMBER_LETTERS, POLICIES,
+                             TREE_SETTINGS, tree_conflict,
                                 QUANTIZATIONS, SCHEDULES, TREE_KINDS, tree_kind)
 from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.prompts import shorten
@@ -627,7 +628,8 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
 
     Values go through the same checks as the YAML, so errors read
     ``--gamma: expected an integer between 1 and 64, got 0``. Dynamic-tree overrides given with a tree that
-    is not dynamic are refused (:func:`_check_dynamic_flags`).
+    is not dynamic are refused (:func:`_check_dynamic_flags`), and so are tree settings that disagree
+    (``choices.tree_conflict``: a flag is named as the flag, a value the profile holds by its key).
     """
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
@@ -646,6 +648,10 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
         top[section] = dataclasses.replace(getattr(profile, section), **values)
     changed = dataclasses.replace(profile, **top)
     _check_dynamic_flags(changed.decoding, [name for name in DYNAMIC_TREE_FLAGS if overrides.get(name) is not None])
+    conflict = tree_conflict(changed.decoding.tree, changed.decoding.tree_width,
+                             [name for name in TREE_SETTINGS if overrides.get(name) is not None])
+    if conflict:  # before any model loads, named as given: a flag as the flag, a profile value by its key
+        raise InputError(conflict)
     return changed
 
 

@@ -5,7 +5,8 @@ for each other at every operator, and a core taken by another process stalls the
 2-core machine with two busy processes beside it, the README's main job ran about 120 times
 slower (docs/BENCHMARKS.md, "CPU threads under load"). The choice, in this order:
 
-1. ``--threads N``, then the ``MMSPEC_THREADS`` environment variable: N as given;
+1. ``--threads N``, then the ``MMSPEC_THREADS`` environment variable: N as given, at most
+   :data:`THREADS_PER_CORE` times the cores this process may use (refused in one line before anything loads);
 2. models on a GPU: torch's default is left alone (its CPU threads barely work there);
 3. a small target (fewer than :data:`SMALL_MODEL_PARAMS` parameters, like the demo family):
    1 thread, since an operator on such small tensors costs less than waking a second thread;
@@ -25,6 +26,10 @@ from mmspec_cli.errors import InputError
 
 ENV = "MMSPEC_THREADS"
 SMALL_MODEL_PARAMS = 50_000_000
+#: The most threads a user may ask for per usable core. torch's threads meet at every operator, so threads beyond
+#: the cores only wait for their turn (``--threads 1000`` on 2 cores took 188 s for 52 tokens); twice the cores still
+#: lets oversubscription be measured on purpose, and refuses a typo before it costs minutes.
+THREADS_PER_CORE = 2
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,9 @@ def load_average() -> float | None:
         return None
 
 
-def check_count(value: object, source: str) -> int:
-    """A thread count from a flag or the environment: an integer >= 1, or one line saying how to fix it."""
+def check_count(value: object, source: str, cores: int | None = None) -> int:
+    """A thread count from a flag or the environment: an integer from 1 to :data:`THREADS_PER_CORE` times the
+    ``cores`` this process may use (default: :func:`usable_cores`), or one line saying how to fix it."""
     try:
         count = int(str(value).strip())
     except ValueError:
@@ -62,6 +68,13 @@ def check_count(value: object, source: str) -> int:
     if count < 1:
         raise InputError(f"{source}: expected a number of CPU threads >= 1, got {str(value)[:40]!r}; "
                          f"e.g. {source.split('=')[0]} 1")
+    cores = usable_cores() if cores is None else cores
+    if count > THREADS_PER_CORE * cores:
+        shown = str(count) if len(str(count)) <= 12 else f"{str(count)[:9]}..."
+        raise InputError(f"{source}: {shown} CPU threads is more than {THREADS_PER_CORE} per core this process may "
+                         f"use ({cores} core{'s' * (cores != 1)}: at most {THREADS_PER_CORE * cores}); threads beyond "
+                         f"the cores only wait for each other: use {cores}{' or fewer' * (cores > 1)}, or give none "
+                         f"for mmspec's own choice")
     return count
 
 
@@ -69,9 +82,9 @@ def choose_threads(requested: int | None, env: Mapping[str, str], on_cpu: bool, 
                    cores: int, load: float | None) -> ThreadChoice:
     """The thread count by the rules in the module docstring (pure: every input is given)."""
     if requested is not None:
-        return ThreadChoice(check_count(requested, "--threads"), "--threads")
+        return ThreadChoice(check_count(requested, "--threads", cores), "--threads")
     if env.get(ENV, "").strip():
-        return ThreadChoice(check_count(env[ENV], ENV), ENV)
+        return ThreadChoice(check_count(env[ENV], ENV, cores), ENV)
     if not on_cpu:
         return ThreadChoice(None, "models on a GPU: torch's default")
     if target_params < SMALL_MODEL_PARAMS:

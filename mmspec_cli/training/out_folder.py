@@ -3,7 +3,8 @@
 train-head writes into DIR only :data:`OWN_FILES`: ``config.json`` and ``model.safetensors`` (the
 finished head or imitation network), ``checkpoint.pt`` (an unfinished training), and their
 ``.tmp`` files while it writes them. The target's answers go beside DIR, to
-``DIR.answers.jsonl`` (with ``DIR.answers.jsonl.lock`` while a run holds it).
+``DIR.answers.jsonl`` (with ``DIR.answers.jsonl.lock`` while a run answers into it), and
+``DIR.train.lock`` lies beside DIR while a run trains into it (:mod:`.locks`).
 
 - **Nothing the user owns is overwritten.** A DIR that holds anything else, or a ``config.json``
   train-head did not write (a model's folder: the profile's own target, say), is refused in one
@@ -28,6 +29,7 @@ from typing import Any
 from mmspec_cli.choices import IMITATION
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.training.locks import out_lock_path
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -92,7 +94,7 @@ def check_out(out: Path, answers: Path) -> None:
                          f"name a new or empty folder (train-head would overwrite {CONFIG} and {WEIGHTS})")
     if answers.is_dir():
         raise InputError(f"the answers file {shorten(str(answers))} is a folder; name a JSONL file with --answers")
-    for path, what in ((out / f"{CHECKPOINT}.tmp", f"--out {shown}"),
+    for path, what in ((out / f"{CHECKPOINT}.tmp", f"--out {shown}"), (out_lock_path(out), f"--out {shown}"),
                        (answers.with_name(answers.name + ".lock"), f"--out {shown}: the answers file beside it")):
         _check_name_length(path, what)
     _check_writable(_existing_ancestor(out), f"--out {shown}")

@@ -2,10 +2,12 @@
 
 :func:`train_head` is what the command and ``scripts/train_demo_heads.py`` both call:
 
-1. Check, before any model loads: ``--out`` writable, the checkpoint to resume (or one line saying
-   why not), SOURCE not empty.
+1. Check, before any model loads: ``--out`` writable and no other run's (:mod:`.locks`), the
+   checkpoint to resume (or one line saying why not), SOURCE not empty.
 2. The target answers SOURCE's prompts (:mod:`.answers`), or the answers file already holds them.
-   The last ``held_out`` conversations are not answered: acceptance is measured on them.
+   The last ``held_out`` conversations are not answered: acceptance is measured on them. Once
+   every process holds its answers the run lets go of the answers file (:mod:`.locks`), so runs of
+   other kinds can reuse it while this one trains.
 3. The head (its embeddings copied from the target) is measured on the held-out conversations,
    trained (:mod:`.trainer`), written in float16 with ``save_head``, loaded back as a profile
    would load it, and measured again; both figures go into its ``config.json``.
@@ -47,6 +49,7 @@ from mmspec_cli.training.out_folder import CHECKPOINT, check_out, clean_up, make
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
 from mmspec_cli.training.imitation import ImitationObjective, layer_reader
 from mmspec_cli.training.limits import check_steps
+from mmspec_cli.training.locks import lock_answers, lock_out
 from mmspec_cli.training.progress import Phase, TrainingNotes
 from mmspec_cli.training.sequences import SequenceStore, Turn, placeholder_answers, read_sequence, trainable
 from mmspec_cli.training.trainer import TrainConfig, TrainingInterrupted, copy_embeddings, make_accelerator, train
@@ -114,65 +117,96 @@ def train_head(profile: Profile, settings: TrainHeadSettings, log: Callable[[str
     answers_file = s.answers_file or answers_path(s.out)
     check_out(s.out, answers_file)
     target_name = canonical_name(profile.target.model)  # what the answers, checkpoints and the head name
-    resume = check_start(s.out, s.resume, s.kind, target_name)
     # one accelerator for the run: under `accelerate launch` (or torchrun) it knows the processes, on CPUs too
     accelerator = make_accelerator(resolve_device(profile.target.device) == "cpu", s.kind == "vispec")
     if not accelerator.is_main_process:
+        resume = check_start(s.out, s.resume, s.kind, target_name)
         return _train_head(profile, s, target_name, resume, answers_file, accelerator, log, progress, on_target, on_step)
-    made = Leftovers(s.out, answers_file)  # what this run creates, and removes again if it fails before using it
-    lock = None
+    made = Leftovers(s.out, answers_file)  # what this run made and holds: let go of, and removed if it fails unused
     try:
-        made.folders = make_parents(answers_file)
-        lock = OutLock.acquire(answers_file, what="the answers file")  # one run per answers file
-        return _train_head(profile, s, target_name, resume, answers_file, accelerator, log, progress, on_target, on_step)
+        made.make_parents(s.out)  # for DIR's lock beside it
+        made.out_lock = lock_out(s.out)  # one run per DIR, so what check_start reads there is this run's
+        resume = check_start(s.out, s.resume, s.kind, target_name)
+        made.make_parents(answers_file)
+        made.hold_answers(lock_answers(answers_file, log))  # one run at a time answers into the file
+        return _train_head(profile, s, target_name, resume, answers_file, accelerator, log, progress, on_target,
+                           on_step, made.let_go_of_answers)
     except BaseException as exc:
-        made.clean_up(exc, s.answers, target_name, lock)  # under the lock, which it lets go before the folders go
-        lock = None
+        made.clean_up(exc, s.answers, target_name)  # under the locks, which it lets go before the folders go
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, TrainingInterrupted):
-            raise TrainingInterrupted(made.kept(s.answers, target_name)) from None  # outside training: say what stays
+            raise TrainingInterrupted(made.kept()) from None  # outside training: say what stays
         raise
     finally:
-        if lock is not None:
-            lock.release()
+        made.let_go()
 
 
 class Leftovers:
-    """What a train-head run leaves when it fails (``out_folder`` module doc): an answers file this run created that
-    holds no answer is removed under the run's lock, then the folders made for it and an empty DIR it made;
-    answers that stay are named in the error line (the next run reuses them)."""
+    """What a train-head run made and holds (``out_folder`` and ``locks`` module docs). When it fails: an answers file
+    this run created that holds no answer is removed under the run's lock, then the locks are let go of, then the
+    folders made for them and an empty DIR it made are removed; answers that stay are named in the error line (the
+    next run reuses them)."""
 
     def __init__(self, out: Path, answers_file: Path):
         self.out, self.answers_file = out, answers_file
         self.out_existed, self.answers_existed = out.exists(), answers_file.exists()
-        self.folders: list[Path] = []
+        self.chains: list[list[Path]] = []  # the folders each make_parents created, in the order it was called
+        self.out_lock: OutLock | None = None
+        self.answers_lock: OutLock | None = None
+        self.holds_answers = False  # the answers file is this run's to write (and to judge)
+        self.answered: int | None = None  # the answers it holds, counted when the run let go of the file
+
+    def make_parents(self, path: Path) -> None:
+        self.chains.append(make_parents(path))
+
+    def hold_answers(self, lock: OutLock | None) -> None:
+        self.answers_lock, self.holds_answers = lock, True
+
+    def let_go_of_answers(self, answered: int) -> None:
+        """Every process holds its ``answered`` answers: other runs may use the file now (``locks`` module doc)."""
+        self.answered, self.holds_answers = answered, False
+        if self.answers_lock is not None:
+            self.answers_lock.release()
+            self.answers_lock = None
+
+    def let_go(self) -> None:
+        """Release both locks (those still held)."""
+        for lock in (self.answers_lock, self.out_lock):
+            if lock is not None:
+                lock.release()
+        self.answers_lock = self.out_lock = None
+        self.holds_answers = False
 
     def answers(self, settings: AnswerSettings, target_name: str) -> int:
-        """How many answers the answers file holds (0: none, or not a file of these settings)."""
+        """How many answers the answers file holds for this run (0: none, or not a file of these settings); read
+        only while the run holds the file (another run may be writing it)."""
+        if self.answered is not None:
+            return self.answered
+        if not self.holds_answers or not self.answers_file.is_file():
+            return 0
         try:
-            return AnswerFile(self.answers_file, settings, target_name).answered() if self.answers_file.is_file() else 0
+            return AnswerFile(self.answers_file, settings, target_name).answered()
         except MmspecError:  # another run's file, refused before this run wrote to it
             return 0
 
-    def kept(self, settings: AnswerSettings, target_name: str) -> str | None:
-        """What stays on disk for the next run, in words (None: nothing)."""
+    def kept(self) -> str | None:
+        """What stays on disk for the next run, in words (None: nothing), once :meth:`clean_up` has counted it."""
         if (self.out / CHECKPOINT).is_file():
             return f"the checkpoint in {self.out} is kept"
-        kept = self.answers(settings, target_name)
+        kept = self.answered or 0
         if kept:
             return (f"{kept} answer{'s' if kept != 1 else ''} {'is' if kept == 1 else 'are'} saved in "
                     f"{self.answers_file} and reused when the run starts again")
         return None
 
-    def clean_up(self, exc: BaseException, settings: AnswerSettings, target_name: str, lock: Any) -> None:
-        """``lock`` None: the run never held the answers file (another run does), so it is not this run's to judge."""
-        kept = self.answers(settings, target_name) if lock is not None else 0
-        if lock is not None and not kept and not self.answers_existed:
+    def clean_up(self, exc: BaseException, settings: AnswerSettings, target_name: str) -> None:
+        kept = self.answered = self.answers(settings, target_name)
+        if self.holds_answers and not kept and not self.answers_existed:
             self.answers_file.unlink(missing_ok=True)
-        if lock is not None:
-            lock.release()
+        self.let_go()
         if not self.out_existed:
             clean_up([self.out])  # made by a first checkpoint that failed: removed while empty
-        clean_up(self.folders)
+        for chain in reversed(self.chains):  # the last made first: an earlier one may hold it
+            clean_up(chain)
         said = isinstance(exc, WriteFailed) and exc.path == self.answers_file  # its own line says they are kept
         if kept and not said and isinstance(exc, MmspecError) and exc.args:
             exc.args = (f"{exc.args[0]}; the {kept} answer{'s' if kept != 1 else ''} in "
@@ -182,7 +216,8 @@ class Leftovers:
 def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume: dict[str, Any] | None,
                 answers_file: Path, accelerator: Any, log: Callable[[str], None], progress: bool | None,
                 on_target: Callable[[LoadedModel], Any] | None,
-                on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
+                on_step: Callable[[int, int, list[dict]], None] | None,
+                answers_read: Callable[[int], None] = lambda answered: None) -> dict[str, Any]:
     found = conversations(s.source, s.limit)
     if s.evaluate is not None:
         training, held = found, list(s.evaluate)
@@ -220,6 +255,9 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
         first = failed[0].error if failed else "every answer is empty"
         raise InputError(f"no sample of SOURCE {shorten(s.source)} could be used: all {len(records)} failed "
                          f"(first: {first})")
+    accelerator.wait_for_everyone()  # every process holds its answers: the file is free for other runs (.locks)
+    if main:
+        answers_read(len(records) - len(failed))
     if failed:
         log(f"skipped {len(failed)} of {len(records)} turns whose inputs failed (recorded in "
             f"{shorten(str(answers_file))}); first: {failed[0].error}")
