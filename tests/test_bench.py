@@ -193,6 +193,10 @@ def test_summarize_refuses_the_records_of_two_runs_joined(run, tmp_path, no_mode
                                   f"or summarise each run's file apart")
     twice = runner.invoke(app, ["bench", "--summarize", str(run["out"]), "--summarize", str(run["out"])])
     assert_one_line_error(twice, "is given twice")
+    other = write_jsonl(tmp_path / "other.jsonl", [json.dumps(dict(json.loads(line), category="elsewhere"))
+                                                   for line in lines])  # another manifest's sample 's0'
+    both = runner.invoke(app, ["bench", "--summarize", str(run["out"]), "--summarize", other])
+    assert_one_line_error(both, "the runs' sources use the same ids")
 
 
 def compiled_copy(records: list[dict]) -> list[dict]:
@@ -645,7 +649,7 @@ def test_paper_prompts_are_refused_for_a_qwen_target_before_loading(files, qwen_
     profile = write_profile(tmp_path / "qwen.yaml", qwen_target, qwen_target)
     result = runner.invoke(app, ["bench", files["manifest"], "--profile", profile, "--prompt-style", "paper"])
     assert_one_line_error(result, "--prompt-style paper: TABED's prompts are written for LLaVA-1.5, but the target "
-                                  "/tmp/")
+                                  f"{str(qwen_target)[:20]}")
     assert "is a Qwen-VL model (qwen2_vl) that reads its own chat template; use --prompt-style default" in result.stderr
 
 

@@ -347,6 +347,8 @@ def test_an_animated_gif_is_read_as_its_first_frame_with_one_warning(tmp_path, c
     assert "only its first frame is used" in line
     red.save(tmp_path / "still.gif")
     load_image(tmp_path / "still.gif")
+    red.save(tmp_path / "camera.jpg", format="MPO", save_all=True, append_images=[green])  # a phone's depth map
+    assert load_image(tmp_path / "camera.jpg").size == (8, 8)
     assert capsys.readouterr().err == ""
 
 
@@ -455,6 +457,26 @@ def test_a_write_that_finds_no_room_is_one_line_in_every_command(tmp_path, monke
         handles_errors(no_room)()
     assert capsys.readouterr().err == (f"error: writing '{tmp_path / 'out.yaml'}' failed: the disk is full; free some "
                                        f"space and run the command again\n")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["generate", "--help"]])
+def test_help_and_version_on_a_full_disk_are_one_line(args, monkeypatch, capsys):
+    """Printed by click while it parses, outside any command: the program's entry point maps them as commands do."""
+    import errno
+
+    from mmspec_cli.cli.app import main
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sys, "argv", ["mmspec", *args])
+    monkeypatch.setattr(sys, "stdout", Full())
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("error: writing the output failed: the disk is full; free some space, or "
+                                       "send the output to another disk\n")
 
 
 @pytest.mark.parametrize("where", ["flag", "profile"])

@@ -152,6 +152,7 @@ def test_the_default_seq_fits_the_models_context():
     assert latency.default_seqs(2048, 7) == [512, 1024, 2041]
     assert latency.default_seqs(1024, 1) == [512, 1023]
     assert latency.default_seqs(64, 7) == [57]
+    assert latency.default_seqs(1031, 7) == [512, 1024]  # the longest that fits is a standard length: timed once
     with pytest.raises(InputError, match="--gammas: γ = 8 leaves no room"):
         latency.default_seqs(8, 8)
     from transformers import AutoConfig

@@ -248,3 +248,17 @@ def test_a_next_draft_is_refused_for_batched_image_rows(families):
     with pytest.raises(ModelLoadError, match="LLaVA-1.5-style draft"):
         build_drafter("mt", target, target)
     assert build_drafter("t", target, target).name == "t"  # single text-only drafting works with any draft
+
+
+def test_a_prompt_too_long_for_its_images_asks_for_what_shrinks_them():
+    """A LLaVA-1.5 image costs its 576 tokens at any size, so only fewer images help; NeXT and OneVision tile an
+    image by its size, so a smaller one helps too."""
+    from types import SimpleNamespace
+
+    from mmspec_cli.models.families import family_of
+
+    def fix(model_type: str) -> str:
+        return family_of(SimpleNamespace(model_type=model_type)).fewer_image_tokens(2, 100, "target")
+
+    assert fix("llava") == "pass fewer images"
+    assert fix("llava_next") == fix("llava_onevision") == "pass fewer or smaller images"

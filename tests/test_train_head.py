@@ -420,6 +420,19 @@ def test_a_second_kind_reuses_the_answers_while_the_first_trains(files, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eagle", "eagle.answers.jsonl", "vispec"]
 
 
+def test_a_run_that_waited_never_removes_the_answers_another_run_wrote(tmp_path):
+    """The file was not there when the run started; the run it waited for answered into it (other settings, so this
+    run is refused): failing, this run leaves that file alone."""
+    from mmspec_cli.training.run import Leftovers
+
+    path = tmp_path / "a.jsonl"
+    made = Leftovers(tmp_path / "out", path)
+    path.write_text('{"settings": "another run\'s"}\n')  # while this run waited for the lock
+    made.hold_answers(None)
+    made.clean_up(InputError("the answers were generated with other settings"), AnswerSettings(), "target")
+    assert path.read_text() == '{"settings": "another run\'s"}\n'
+
+
 def test_a_run_waits_while_another_answers_into_the_file(tmp_path):
     path = tmp_path / "a.jsonl"
     other = OutLock.acquire(path, what="the answers file")

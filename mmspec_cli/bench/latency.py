@@ -134,7 +134,7 @@ def default_seqs(context: int | None, largest_gamma: int) -> list[int]:
         raise InputError(f"--gammas: γ = {largest_gamma} leaves no room for a prefix in the models' "
                          f"{context} positions; pass γ values below {context}")
     fitting = [s for s in STANDARD_SEQS if s <= longest]
-    return fitting if len(fitting) == len(STANDARD_SEQS) else [*fitting, longest]
+    return fitting if len(fitting) == len(STANDARD_SEQS) or longest in fitting else [*fitting, longest]
 
 
 class Timer:

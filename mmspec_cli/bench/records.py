@@ -175,16 +175,21 @@ def check_one_kind(located: Sequence[tuple[str, Record]]) -> None:
     if len(kinds) > 1:
         raise InputError(f"{kinds[True]} was made with --compile and {kinds[False]} without; compiled and eager "
                          f"times are not summarised together: summarise the files of each kind apart")
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple, tuple[str, Any]] = {}
     for where, record in located:
         failed = "error" in record
         found = (str(record["id"]), None if failed else str(record["turn"]), str(record["drafter"]))
         if found in seen:
+            first, category = seen[found]
             what = (f"the failure of sample '{found[0]}' with drafter '{found[2]}'" if failed else
                     f"sample '{found[0]}' turn {found[1]} drafter '{found[2]}'")
-            raise InputError(f"{where} repeats {what} of {seen[found]}: two runs' records were joined; remove the "
+            if record.get("category") != category:  # one id in two sources, not one run twice
+                raise InputError(f"{where} and {first} both hold {what}, of categories {record.get('category')!r} "
+                                 f"and {category!r}: the runs' sources use the same ids, and the summary pairs "
+                                 f"records by id; summarise each run's file apart, or give the samples distinct ids")
+            raise InputError(f"{where} repeats {what} of {first}: two runs' records were joined; remove the "
                              f"repeated run's records, or summarise each run's file apart")
-        seen[found] = where
+        seen[found] = (where, record.get("category"))
 
 
 # --------------------------------------------------------------------------- writing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mmspec_cli.errors import InputError
 from mmspec_cli.bench import hub
-from mmspec_cli.bench.samples import Sample, check_image_files, read_manifest
+from mmspec_cli.bench.samples import Sample, read_manifest
 from mmspec_cli.models.images import is_image_file
 from mmspec_cli.models.prompts import shorten
 
@@ -56,9 +56,7 @@ def resolve(source: str, limit: int | None = None) -> list[Sample]:
                          f"manifest, a suite such as demo-single or a dataset id (for one image, use `mmspec "
                          f"generate IMAGE -q QUESTION`)")
     if path.is_file():
-        samples = read_manifest(path)[:limit]
-        check_image_files(samples, f"manifest {source}")
-        return samples
+        return read_manifest(path)[:limit]
     if path.is_dir():
         raise InputError(f"SOURCE {source} is a directory; pass a JSONL manifest file")
     if source in SUITES:

@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from mmspec_cli import __version__
-from mmspec_cli.cli.errors import handles_errors, shorten, usage_errors_in_one_line
+from mmspec_cli.cli.errors import handles_errors, no_room_in_one_line, shorten, usage_errors_in_one_line
 from mmspec_cli.cli.bench import bench
 from mmspec_cli.cli.compare import compare
 from mmspec_cli.cli.generate import generate
@@ -164,7 +164,8 @@ _register(train_head)
 def main() -> None:
     """Console-script entry point: ``mmspec``."""
     _stand_in_for_closed_streams()
-    app(prog_name="mmspec")
+    with no_room_in_one_line():
+        app(prog_name="mmspec")
 
 
 def _stand_in_for_closed_streams() -> None:

@@ -170,7 +170,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
-    from mmspec_cli.bench.samples import select
+    from mmspec_cli.bench.samples import check_image_files, select
     from mmspec_cli.bench.sources import resolve
 
     decoding = profile.decoding
@@ -201,6 +201,9 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
             samples = select(resolve(source, limit), shard=shard)
             check_resumed_history(samples, results.records)
             pending = todo(samples, settings, results.done())
+            # a missing image: one line before any model loads, not a failed record per drafter (exit 1); only the
+            # samples still to run (a finished one's images may be gone by a --resume)
+            check_image_files([s for s in samples if any((s.id, name) in pending for name in names)], f"SOURCE {source}")
             if not samples:
                 typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
             if pending:

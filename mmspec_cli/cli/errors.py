@@ -106,6 +106,18 @@ def write_failed(exc: OSError) -> str:
     return f"writing the output failed: {reason(exc)}; {fix}, or send the output to another disk"
 
 
+@contextlib.contextmanager
+def no_room_in_one_line() -> Iterator[None]:
+    """Around the whole program: a write that finds no room outside any command (``mmspec --help > /dev/full``,
+    ``--version``: click prints them while it parses) is one ``error:`` line and exit 2, as inside a command."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        raise SystemExit(report(MmspecError(write_failed(exc)))) from None
+
+
 def _flush(stream: Any) -> None:
     try:
         stream.flush()

@@ -247,7 +247,8 @@ def _write_profile(profile: Profile, layer: int, imitation: str | None, path: Pa
     data = profile_to_dict(dataclasses.replace(profile, ssd=dataclasses.replace(profile.ssd, layer=layer,
                                                                                  imitation=imitation)))
     refuse_existing(path, write)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with open(path, "w" if path.exists() else "x", encoding="utf-8") as handle:  # "x": a file made since is kept
+        handle.write(yaml.safe_dump(data, sort_keys=False))
 
 
 def _report(result: dict[str, Any]) -> str:

@@ -60,8 +60,15 @@ class LlavaFamily:
 
     def fewer_image_tokens(self, images: int, room: int, role: str) -> str:
         """How to make ``images`` images fit in ``room`` vision tokens, for an error line. LLaVA's processors take
-        no pixel bound: each image is a fixed number of tokens (LLaVA-1.5) or grows with its size (NeXT's tiles)."""
-        return "pass fewer or smaller images"
+        no pixel bound: each image is a fixed number of tokens (LLaVA-1.5: a smaller image costs as much) or grows
+        with its size (NeXT's and OneVision's tiles)."""
+        return "pass fewer images" if self.fixed_image_tokens else "pass fewer or smaller images"
+
+    @property
+    def fixed_image_tokens(self) -> bool:
+        """Whether every image costs the same number of tokens, whatever its size (LLaVA-1.5's one crop; NeXT and
+        OneVision tile an image by its size)."""
+        return getattr(self.config, "model_type", None) == "llava"
 
     #: the processor's tensors :meth:`images_in` can cut per image (each holds one entry per image on dim 0)
     image_keys: tuple[str, ...] = ("pixel_values", "image_sizes")

@@ -33,8 +33,8 @@ def load_image(path: str | Path) -> Image.Image:
     """Open an image file fully (so corrupt files fail here, not mid-decoding) as 8-bit RGB (:func:`to_rgb`).
 
     A file of a known format whose data is cut short or broken is called damaged (or truncated) in its error, not
-    "not an image". A file of several frames (an animated GIF, PNG or WebP, a multi-page TIFF) is read as its first
-    frame, with one ``warning:`` line on stderr saying so: the first frame is what a viewer shows still and what a
+    "not an image". A file of several frames (an animated GIF, PNG or WebP, a multi-page TIFF; not a camera's MPO
+    JPEG, whose other frames are maps of the same picture) is read as its first frame, with one ``warning:`` line on stderr saying so: the first frame is what a viewer shows still and what a
     thumbnail holds, and nothing the user asked for is refused; video files are refused (see ``VIDEO_SUFFIXES``).
     """
     p = Path(path).expanduser()
@@ -54,7 +54,8 @@ def load_image(path: str | Path) -> Image.Image:
     try:
         with Image.open(p) as img:
             try:
-                frames = getattr(img, "n_frames", 1)
+                # a phone camera's JPEG (MPO) holds a depth or gain map as its second frame: one picture all the same
+                frames = 1 if img.format == "MPO" else getattr(img, "n_frames", 1)
                 img.load()
                 image = to_rgb(img)
             except (OSError, SyntaxError, ValueError, EOFError) as exc:  # its header was read, its data is broken

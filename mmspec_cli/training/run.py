@@ -148,7 +148,7 @@ class Leftovers:
 
     def __init__(self, out: Path, answers_file: Path):
         self.out, self.answers_file = out, answers_file
-        self.out_existed, self.answers_existed = out.exists(), answers_file.exists()
+        self.out_existed, self.answers_existed = out.exists(), answers_file.exists()  # the latter again, once held
         self.chains: list[list[Path]] = []  # the folders each make_parents created, in the order it was called
         self.out_lock: OutLock | None = None
         self.answers_lock: OutLock | None = None
@@ -159,7 +159,10 @@ class Leftovers:
         self.chains.append(make_parents(path))
 
     def hold_answers(self, lock: OutLock | None) -> None:
+        """The answers file is this run's now: whether it existed is judged again, as another run may have answered
+        into it while this one waited (a file it made is never this run's to remove)."""
         self.answers_lock, self.holds_answers = lock, True
+        self.answers_existed = self.answers_file.exists()
 
     def let_go_of_answers(self, answered: int) -> None:
         """Every process holds its ``answered`` answers: other runs may use the file now (``locks`` module doc)."""
