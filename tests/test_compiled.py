@@ -28,6 +28,7 @@ from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import StaticKV
 from mmspec_cli.drafters.head import HeadDrafter
 from tests import tiny
+from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 from tests.helpers import (
     FOLLOW_UP,
@@ -44,10 +45,10 @@ TURNS = [QUESTION, FOLLOW_UP]
 TREES = {"chain": {}, "width": {"tree_width": 2}, "dynamic": {"tree": "dynamic", "tree_budget": 12, "tree_topk": 3}}
 
 
-def run(target, drafter, draft=None, kv="dynamic", n_images=1, **options):
-    """Token ids of each of two turns."""
+def run(target, drafter, draft=None, kv="dynamic", n_images=1, heads=None, **options):
+    """Token ids of each of two turns; ``heads``: the head of each kind to draft with (a new random one otherwise)."""
     if drafter in ("eagle", "vispec"):
-        drafter = HeadDrafter(target, random_head(target, drafter))
+        drafter = HeadDrafter(target, heads[drafter] if heads else random_head(target, drafter))
     build = {"ssd_layer": 1} if drafter == "ssd" else None
     decoder = speculative_decoder(target, drafter, draft, gamma=3, kv=kv, build=build, **options)
     return [turn.token_ids for turn in decoder.generate(tiny.images(n_images), TURNS).turns]
@@ -132,15 +133,25 @@ def test_a_head_drafter_can_be_bound_to_a_used_static_state_outside_inference_mo
         assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
 
 
-def test_ssd_drafts_a_large_tree_near_the_end_of_a_static_state(tiny_models):
+def test_ssd_drafts_a_large_tree_near_the_end_of_a_static_state(tiny_dirs):
     """ssd drafts in a view of the target's state; a tree of many nodes near the end of its room grows the
-    target's state through the view (it once raised instead)."""
-    target = tiny_models["target"]
+    target's state through the view (it once raised instead). A target of its own, whose state starts at the
+    smallest capacity (the session's target grew its state in the tests above, and then nothing grew here), and a
+    long question: the turn's reserved room fills the smallest state, and a few blocks come near its end."""
+    from mmspec_cli.decoding.engine import STATIC_SLACK
+    from mmspec_cli.decoding.kv_state import MIN_CAPACITY
+    from mmspec_cli.models.prompts import process, render_prompt
+
+    target = load(tiny_dirs["target"], "target")
+    question = " ".join([QUESTION] * 40)
+    prompt = process(target.processor, render_prompt(target.processor, [question], [], 1), tiny.images(1)).ids
+    max_new_tokens = MIN_CAPACITY - STATIC_SLACK - len(prompt)  # what the turn reserves fills the state exactly
     decoders = {kv: speculative_decoder(target, "ssd", None, gamma=3, kv=kv, build={"ssd_layer": 1}, tree="dynamic",
-                                        tree_budget=10, tree_depth=3, tree_topk=64, max_new_tokens=367)
+                                        tree_budget=10, tree_depth=3, tree_topk=64, max_new_tokens=max_new_tokens)
                 for kv in ("static", "dynamic")}
-    outputs = {kv: d.generate(tiny.images(1), [QUESTION]).turns[0].token_ids for kv, d in decoders.items()}
-    assert outputs["static"] == outputs["dynamic"] and len(outputs["static"]) == 367
+    outputs = {kv: d.generate(tiny.images(1), [question]).turns[0].token_ids for kv, d in decoders.items()}
+    assert outputs["static"] == outputs["dynamic"] and len(outputs["static"]) == max_new_tokens
+    assert decoders["static"].runner.state.capacity > MIN_CAPACITY  # it grew, through the view
 
 
 def test_interleaved_decoders_keep_their_acceptance_over_a_shared_static_state(tiny_models):
@@ -164,8 +175,6 @@ def test_interleaved_decoders_keep_their_acceptance_over_a_shared_static_state(t
 def test_a_dropped_model_is_not_kept_alive_by_its_static_state(tmp_path):
     import gc
     import weakref
-
-    from tests.conftest import load
 
     tokenizer = tiny.train_tokenizer()
     path = tiny.save(tiny.make_model(len(tokenizer), seed=5), tiny.make_processor(tokenizer), tmp_path / "m")
@@ -240,45 +249,82 @@ def test_the_feature_track_appends_into_a_preallocated_buffer(tiny_models):
 # --------------------------------------------------------------------------- compiled (inductor)
 
 
-COMPILED_CASES = [("ar", "chain"), ("m", "chain"), ("m", "width"), ("eagle", "dynamic"), ("tabed", "chain"),
-                  ("tabed", "width"), ("ssd", "chain"), ("ssd", "dynamic")]
+#: Every compiled test drafts γ = 3 blocks (``run``'s): a graph is one step shape (a chain's length, a verification's
+#: size), so tests at the same γ over the same models compile each graph once between them.
+GAMMA = 3
 
 
-def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(tiny_models, first_turn):
-    """No graph dynamo compiles goes uncounted by the compile log (a step shape seen for the first time): nothing
-    is compiled again block after block (a slice's strides once did that for the batched rows)."""
+def first_layer_copy(model):
+    """``model`` cut to its first decoder layer (then its norm and LM head): a draft that agrees with the model often,
+    not always, at half the layers of the tiny target, so half of what a graph of it costs to compile."""
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.text_config.num_hidden_layers = 1
+    draft = type(model)(config).to(model.dtype)
+    missing, _ = draft.load_state_dict(model.state_dict(), strict=False)  # the second layer's weights are left out
+    assert not missing, missing
+    draft.generation_config = model.generation_config
+    return draft
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_dirs, tmp_path_factory):
+    """The compiled tests' models: the tiny target loaded again, a draft of its first layer, and a random head of
+    each kind. A model's (or head's) compiled graphs and static state are its own for the process, so the tests
+    below share these graphs (each takes seconds to compile here), and the states start at the smallest capacity,
+    whatever the eager tests above did to the session's target (a grown state is another shape, so other graphs).
+    The target keeps both layers: ``ssd`` drafts with its first."""
+    target = load(tiny_dirs["target"], "target")
+    path = tiny.save(first_layer_copy(target.model), target.processor, tmp_path_factory.mktemp("compiled") / "draft")
+    return {"target": target, "draft": load(path, "draft"),
+            "heads": {kind: random_head(target, kind) for kind in ("eagle", "vispec")}}
+
+
+#: The greedy chains of m, t, tabed, eagle and vispec, compiled, are test_a_greedy_chain_is_one_compiled_graph_...'s.
+COMPILED_CASES = [("ar", "chain"), ("m", "width"), ("eagle", "dynamic"), ("tabed", "width"), ("ssd", "chain"),
+                  ("ssd", "dynamic")]
+#: Compiled, a dynamic tree of 7 nodes: its verification is padded to 8, the size of the width tree's (7 nodes too),
+#: so the two kinds share the target's graph.
+COMPILED_TREES = {**TREES, "dynamic": {"tree": "dynamic", "tree_budget": 7, "tree_topk": 3}}
+
+
+def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(compiled, first_turn):
+    """Both turns of each case, compiled, are the dynamic state's, the first the target's own ``generate``'s. No
+    graph dynamo compiles goes uncounted by the compile log (a step shape seen for the first time): nothing is
+    compiled again block after block (a slice's strides once did that for the batched rows)."""
     from torch._dynamo.utils import counters
 
-    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    target, draft, heads = compiled["target"], compiled["draft"], compiled["heads"]
     frames, compiles = counters["frames"]["ok"], compiled_module.LOG.compiles
     for drafter, tree in COMPILED_CASES:
-        outputs = run(target, drafter, draft, kv="compiled", **TREES[tree])
+        outputs = run(target, drafter, draft, kv="compiled", heads=heads, **COMPILED_TREES[tree])
         assert outputs[0] == first_turn, (drafter, tree)
-        assert outputs == run(target, drafter, draft, kv="dynamic", **TREES[tree]), (drafter, tree)
-    assert compiled_module.compiled_forward(target.model, "target").failed is None
-    shapes = {shape[:2] for shape in compiled_module.LOG.sizes["target"]}
-    assert {(1, False), (4, False), (8, True), (12, True)} <= shapes
+        assert outputs == run(target, drafter, draft, kv="dynamic", heads=heads, **COMPILED_TREES[tree]), \
+            (drafter, tree)
+    step = compiled_module.compiled_forward(target.model, "target")
+    assert step.failed is None
+    assert {(1, False), (4, False), (8, True)} <= {shape[:2] for shape in step.graphs.traced}  # chains and trees
     assert {"draft", "head", "ssd draft"} <= set(compiled_module.LOG.sizes)
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
 
 @pytest.mark.parametrize("drafter", ["m", "t", "tabed", "eagle", "vispec"])
-def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(tiny_models, first_turn, drafter):
+def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(compiled, first_turn, drafter):
     """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``), a batch of member
     rows' mixed chain after its first token (``rows.mixture_chain``, ``tabed``) and a head's whole greedy chain
     (``greedy_chain``) are ONE graph each: every block's draft (and ``tabed``'s weights, chosen from the member
     distributions the chain returns) equals the eager step-by-step chain's
     over the same static state, over two turns, and the keys the draft's state holds at the end (rotated by the
     positions each entry was fed at) are the eager chain's: so the graphs' masks, positions, vocabulary cut and
-    the state they leave are the eager chain's. The target's output is its own."""
-    target, draft = tiny_models["target"], tiny_models["perturbed"]
-    head = random_head(target, drafter) if drafter in ("eagle", "vispec") else None
-    drafts, keys = {}, {}
+    the state they leave are the eager chain's. The target's output is its own: both turns are the dynamic state's."""
+    target, draft = compiled["target"], compiled["draft"]
+    head = compiled["heads"].get(drafter)
+    drafts, keys, tokens = {}, {}, {}
     for kv in ("static", "compiled"):
         chosen = HeadDrafter(target, head) if head is not None else drafter
-        decoder = speculative_decoder(target, chosen, draft, gamma=4, kv=kv)
+        decoder = speculative_decoder(target, chosen, draft, gamma=GAMMA, kv=kv)
         turns = decoder.generate(tiny.images(1), TURNS).turns
         assert turns[0].token_ids == first_turn, kv
+        tokens[kv] = [turn.token_ids for turn in turns]
         drafts[kv] = [(block.draft, block.weights) for turn in turns for block in turn.blocks]
         holder = decoder.drafter if head is not None else getattr(decoder.drafter, "rows", None) or decoder.drafter.runner
         state = holder.state
@@ -286,20 +332,22 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
         real = holder.mask.bool() if hasattr(holder, "mask") else torch.ones(1, state.length, dtype=torch.bool)
         keys[kv] = [layer.keys[..., :state.length, :].transpose(1, 2)[real].clone() for layer in state.cache.layers]
     assert drafts["compiled"] == drafts["static"]
+    assert tokens["compiled"] == tokens["static"] == run(target, drafter, draft, heads=compiled["heads"])  # dynamic
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(keys["compiled"], keys["static"], strict=True))
-    role = "head" if head is not None else "draft"
-    assert any(key[:2] == ("chain", 4 if head is not None else 3) for key in compiled_module.LOG.sizes[role])
+    # the compiled decoder's chain ran as one graph: a head's whole chain, a draft model's after its first token
+    assert any(key[:2] == ("chain", GAMMA if head is not None else GAMMA - 1) for key in holder.chain.traced)
 
 
 @pytest.mark.parametrize("drafter", ["m", "eagle"])
-def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(tiny_models, drafter):
+def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(compiled, drafter):
     """CUDA graphs replay only over buffers dynamo was told never move (``mark_static_address``). A static layer
     tells it when it allocates its buffers, unless that happens while dynamo traces: a head's first pair written
     by its compiled step made CUDA graphs skip every head step on an H100 ("mutated inputs"). The first write of
-    a state runs eager, so every layer of every state is marked (on a CPU too, where this is checked)."""
-    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    a state runs eager, so every layer of every state is marked (on a CPU too, where this is checked). A new head:
+    its state is first written here, by a compiled decoder (the shared ones' were written by the tests above)."""
+    target, draft = compiled["target"], compiled["draft"]
     chosen = HeadDrafter(target, random_head(target, "eagle")) if drafter == "eagle" else drafter
-    decoder = speculative_decoder(target, chosen, draft, gamma=3, max_new_tokens=6, kv="compiled")
+    decoder = speculative_decoder(target, chosen, draft, gamma=GAMMA, max_new_tokens=6, kv="compiled")
     decoder.generate(tiny.images(1), [QUESTION])
     for owner, cache in caches(decoder).items():
         for layer in cache.layers:
@@ -355,10 +403,10 @@ def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeyp
     assert os.environ[compiled_module.FORCE_GQA] == "0"
 
 
-def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(tiny_models, joint, monkeypatch):
+def test_compiled_sampling_keeps_the_target_distribution_and_a_wrong_rule_fails(compiled, joint, monkeypatch):
     """``t``, γ = 2, compiled: the first two tokens of ENGINE_RUNS seeded runs against the target's exact joint.
     Accepting every draft token (a wrong rule) on the same path must fail the same test."""
-    target, draft = tiny_models["target"], tiny_models["perturbed"]
+    target, draft = compiled["target"], compiled["draft"]  # the session's target and draft, loaded again
     decoder = speculative_decoder(target, "t", draft, gamma=2, max_new_tokens=3, sampling=PARAMS, kv="compiled")
     counts, _ = sampled_pairs(decoder, ENGINE_RUNS)
     assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3

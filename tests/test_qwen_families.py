@@ -11,6 +11,7 @@ offset on purpose show that the position handling is what makes it so.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -221,22 +222,37 @@ def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
     assert first_turn(target, drafter, None, tiny_qwen.images(2), **options).token_ids == refs[family, 2]
 
 
+@pytest.fixture(scope="module")
+def qwen3_one_layer(tmp_path_factory):
+    """A Qwen3-VL target of one decoder layer, a perturbed copy as its draft, and the target's own ``generate`` with
+    two images: the compiled tests' models. A graph costs seconds to compile per layer it holds, and one layer shows
+    M-RoPE's positions and DeepStack's features as well as two."""
+    root = tmp_path_factory.mktemp("qwen3_one_layer")
+    tokenizer = tiny_qwen.train_tokenizer()
+    processor = tiny_qwen.make_processor("qwen3_vl", tokenizer)
+    target = tiny_qwen.make_model("qwen3_vl", len(tokenizer), seed=0, layers=1)
+    draft = tiny.perturbed_copy(target, 0.3, seed=1)
+    models = {"target": load(tiny_qwen.save(target, processor, root / "target"), "target"),
+              "draft": load(tiny_qwen.save(draft, processor, root / "draft"), "draft")}
+    return {**models, "reference": reference(models["target"], [QUESTION], [], tiny_qwen.images(2))}
+
+
 @pytest.mark.parametrize("case", ["m", "mtp-dynamic"])
-def test_compiled_decoding_is_the_targets_own(qwen, refs, case):
+def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
     included (a padded step continues every axis), for a draft model's chain and for batched rows (a pooled one
     among them) drafting a dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds DeepStack features,
     eager. The target's tokens hold whatever the draft does, so the drafts themselves are compared with an eager
-    run's, block by block. One family: each compiles its own graphs, 20-60 s on this CPU."""
-    models = qwen["qwen3_vl"]
+    run's, block by block. One family, of one layer: each family compiles its own graphs, seconds each per layer."""
+    models = qwen3_one_layer
     assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
     name, options = ("m", {}) if case == "m" else ("mtp", DYNAMIC)
     turns = {}
     for kv in ("dynamic", "compiled"):
-        decoder = speculative_decoder(models["target"], name, models["draft"], gamma=4, max_new_tokens=MAX_NEW,
+        decoder = speculative_decoder(models["target"], name, models["draft"], gamma=3, max_new_tokens=MAX_NEW,
                                       kv=kv, **options)
         turns[kv] = decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0]
-    assert turns["compiled"].token_ids == refs["qwen3_vl", 2]
+    assert turns["compiled"].token_ids == models["reference"]
     assert [b.draft for b in turns["compiled"].blocks] == [b.draft for b in turns["dynamic"].blocks]
     for model, role in ((models["target"].model, "target"), (models["draft"].model, "draft")):
         step = compiled_forward(model, role)  # the one the decoder used: one per model and process
@@ -443,6 +459,22 @@ def test_the_profiles_pixel_bounds_set_each_images_vision_tokens_and_the_output_
 
     assert (vision_tokens(default), vision_tokens(bounded)) == (12, 1)
     assert first_turn(bounded, "m", qwen[family]["draft"], image).token_ids == reference(bounded, [QUESTION], [], image)
+
+
+def test_images_too_big_for_the_context_name_their_tokens_and_the_max_pixels_that_fits(qwen):
+    """A huge image under a large ``max_pixels`` fills the context: the line says how many tokens the image took
+    and which ``max_pixels`` fits (not "shorten the question"), and that bound does fit."""
+    family = "qwen2_vl"
+    path = qwen[family]["target"].name
+    huge = [Image.new("RGB", (1400, 1400), (200, 30, 30))]
+    loose = load_model(ModelSpec(model=path, dtype="float64", device="cpu", max_pixels=1400 * 1400), "target")
+    with pytest.raises(InputError, match=r"^the prompt is \d+ tokens \(2500 for its image, \d+ for the text\) .*; set "
+                                         r"target.max_pixels in the profile to (\d+) or less \(the image then takes "
+                                         r"at most \d+ tokens\), or pass a smaller image$") as refused:
+        first_turn(loose, "ar", None, huge)
+    bound = int(re.search(r"max_pixels in the profile to (\d+)", str(refused.value))[1])
+    fitting = load_model(ModelSpec(model=path, dtype="float64", device="cpu", max_pixels=bound), "target")
+    assert first_turn(fitting, "ar", None, huge).token_ids
 
 
 def test_a_draft_sharing_the_targets_processor_bounds_its_own_copy(qwen):
