@@ -3,7 +3,8 @@ networks' ``config.json``, their weights unchanged: how the networks saved with 
 
     python scripts/sign_shipped_networks.py
 
-Each network must be the one trained for ``mmspec:demo-target`` (``scripts/train_demo_heads.py``): the signature says so.
+Each network must be the one trained for ``mmspec:demo-target`` (``scripts/train_demo_heads.py``): the signature
+says so.
 """
 
 from __future__ import annotations

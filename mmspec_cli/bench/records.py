@@ -359,7 +359,7 @@ class OutLock:
         None where there is nothing to lock: no ``fcntl``, or ``out`` is not a regular file (``/dev/null``)."""
         if fcntl is None or (out.exists() and not out.is_file()):
             return None
-        path = out.with_name(out.name + ".lock")
+        path = cls.file_for(out)
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -388,6 +388,11 @@ class OutLock:
         except OSError:
             pass  # a full disk: the lock holds all the same, only a refused writer can't name us
         return cls(path, fd)
+
+    @staticmethod
+    def file_for(out: Path) -> Path:
+        """``FILE.lock``, the lock file of ``out``."""
+        return out.with_name(out.name + ".lock")
 
     def release(self) -> None:
         """Remove the lock file, then let go (in this order, see :meth:`acquire`)."""

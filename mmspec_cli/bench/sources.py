@@ -8,7 +8,7 @@ Anything else is refused with one line listing what would have been accepted.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmspec_cli.errors import InputError
@@ -43,13 +43,11 @@ SUITES: dict[str, Callable[[int | None], list[Sample]]] = {
 SUITES["demo-all"] = lambda n=None: [sample for name in DEMO_SUITES for sample in demo_suite(name, n)]
 
 
-def _known_suites() -> str:
-    return ", ".join(sorted(SUITES))
-
-
-def resolve(source: str, limit: int | None = None) -> list[Sample]:
+def resolve(source: str, limit: int | None = None, other_suites: Sequence[str] = ()) -> list[Sample]:
     """The samples SOURCE names, the first ``limit`` of them. For ``demo-all`` that is the first
-    ``limit`` of each suite, so a short run still covers every scenario; a dataset stops reading there."""
+    ``limit`` of each suite, so a short run still covers every scenario; a dataset stops reading there.
+    ``other_suites``: names the caller resolves itself (train-head's ``demo-train``), listed with the known
+    suites when SOURCE names nothing."""
     path = Path(os.path.expanduser(source))
     if is_image_file(path):  # else read as a manifest, it would fail to decode as text
         raise InputError(f"SOURCE {shorten(source)} is an image, and a SOURCE is a set of samples: pass a JSONL "
@@ -65,5 +63,5 @@ def resolve(source: str, limit: int | None = None) -> list[Sample]:
         return hub.load(source, limit)
     datasets = ", ".join(hub.DATASETS)
     raise InputError(f"SOURCE '{source}' is neither an existing manifest file, nor a known suite "
-                     f"(known suites: {_known_suites()}), nor a supported dataset id ({datasets}, "
-                     f"with :SUBSET where needed)")
+                     f"(known suites: {', '.join(sorted((*SUITES, *other_suites)))}), nor a supported dataset id "
+                     f"({datasets}, with :SUBSET where needed)")

@@ -203,7 +203,8 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
             pending = todo(samples, settings, results.done())
             # a missing image: one line before any model loads, not a failed record per drafter (exit 1); only the
             # samples still to run (a finished one's images may be gone by a --resume)
-            check_image_files([s for s in samples if any((s.id, name) in pending for name in names)], f"SOURCE {source}")
+            to_run = [sample for sample in samples if any((sample.id, name) in pending for name in names)]
+            check_image_files(to_run, f"SOURCE {source}")
             if not samples:
                 typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
             if pending:

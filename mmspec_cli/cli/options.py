@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import shlex
 from collections.abc import Callable
@@ -97,7 +96,6 @@ def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None,
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             overrides = {name: kwargs.pop(name, None) for name in names}
-            check_choices(overrides)
             return command(*args, overrides=overrides, **kwargs)
 
         wrapper.__signature__ = signature.replace(parameters=own + added)
@@ -105,17 +103,6 @@ def decoding_flags(*, drafter: bool = False, help: dict[str, str] | None = None,
         return wrapper
 
     return decorate
-
-
-def check_choices(overrides: dict[str, Any]) -> None:
-    """Refuse a flag that takes one of a few words (``--tree``, ``--gamma-schedule``: their metavar lists them) given
-    another, listing the words the flag takes. The profile key behind it may also hold ``null`` (``decoding.tree``:
-    pick by ``tree_width``), which the key's own check lists but no flag can be given."""
-    for name, value in overrides.items():
-        words = OVERRIDES[name].metavar.split("|")
-        if value is not None and len(words) > 1 and value not in words:
-            shown = json.dumps(value if len(value) <= 40 else value[:39] + "…", ensure_ascii=False)
-            raise InputError(f"--{name.replace('_', '-')}: expected one of {', '.join(words)}, got {shown}")
 
 
 def check_writable(path: Path, flag: str) -> None:

@@ -34,8 +34,9 @@ def load_image(path: str | Path) -> Image.Image:
 
     A file of a known format whose data is cut short or broken is called damaged (or truncated) in its error, not
     "not an image". A file of several frames (an animated GIF, PNG or WebP, a multi-page TIFF; not a camera's MPO
-    JPEG, whose other frames are maps of the same picture) is read as its first frame, with one ``warning:`` line on stderr saying so: the first frame is what a viewer shows still and what a
-    thumbnail holds, and nothing the user asked for is refused; video files are refused (see ``VIDEO_SUFFIXES``).
+    JPEG, whose other frames are maps of the same picture) is read as its first frame, with one ``warning:`` line
+    on stderr saying so: the first frame is what a viewer shows still and what a thumbnail holds, and nothing the
+    user asked for is refused; video files are refused (see ``VIDEO_SUFFIXES``).
     """
     p = Path(path).expanduser()
     shown = shorten(str(path))

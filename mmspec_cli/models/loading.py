@@ -282,9 +282,9 @@ def _weight_files(folder: Path) -> list[Path]:
     return [path for pattern in WEIGHT_GLOBS for path in sorted(folder.glob(pattern)) if path.is_file()]
 
 
-def weights_folder(source: str, revision: str | None) -> Path | None:
-    """Where ``from_pretrained`` read ``source``'s weights: the folder itself, or a hub id's snapshot in the local
-    Hugging Face cache; None when neither is here."""
+def folder_on_disk(source: str, revision: str | None) -> Path | None:
+    """Where ``source``'s files are on this machine (``from_pretrained`` reads them there): the folder itself, or a
+    hub id's snapshot in the local Hugging Face cache; None when neither is here."""
     if _is_local(source):
         return Path(os.path.expanduser(source))
     if not _is_hub_id(source):
@@ -387,7 +387,7 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     except ModelLoadError:  # the processor's own refusals
         raise
     except Exception as exc:  # a damaged weights file raises what its reader raises: checked here, by reading it
-        damaged = damaged_weights(weights_folder(name, spec.revision))
+        damaged = damaged_weights(folder_on_disk(name, spec.revision))
         if damaged is not None:
             raise ModelLoadError(damaged_message(role, spec.model, local, *damaged)) from exc
         if isinstance(exc, SafetensorError):  # safetensors' errors all mean a file it can't read
@@ -513,16 +513,8 @@ def model_type_on_disk(spec: Any) -> str | None:
     ``config.json`` already on this machine, without loading anything: a folder, ``mmspec:NAME``, or a hub id in
     the local cache. None where it would take a download (or the file can't be read: loading will say why)."""
     try:
-        location = model_location(spec.model)
-        config = Path(location) / "config.json"
-        if not config.is_file():
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(location, "config.json", revision=spec.revision)
-            if not isinstance(cached, str):
-                return None
-            config = Path(cached)
-        data = json.loads(config.read_text(encoding="utf-8"))
+        folder = folder_on_disk(model_location(spec.model), spec.revision)
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder is not None else None
     except (MmspecError, OSError, ValueError):  # not there, not a hub id, not JSON: the loader says why in its words
         return None
     model_type = data.get("model_type") if isinstance(data, dict) else None

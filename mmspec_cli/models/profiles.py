@@ -168,12 +168,14 @@ def _boolean(value: Any, path: str) -> bool:
 
 
 def _choice(*options: str | None) -> Check:
-    """One of ``options`` (``None`` allowed if listed; shown as ``null``)."""
-    expected = "one of " + ", ".join("null" if o is None else o for o in options)
+    """One of ``options`` (``None`` allowed if listed; shown as ``null`` for a YAML key, and not shown for a flag
+    such as ``--tree``, which can't be given null)."""
+    in_yaml = "one of " + ", ".join("null" if o is None else o for o in options)
+    as_flag = "one of " + ", ".join(o for o in options if o is not None)
 
     def check(value: Any, path: str) -> Any:
         if not (value is None or isinstance(value, str)) or value not in options:
-            _fail(path, expected, value)
+            _fail(path, as_flag if path.startswith("--") else in_yaml, value)
         return value
 
     return check

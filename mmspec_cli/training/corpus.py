@@ -10,7 +10,6 @@ of samples costs no memory up front and an unreadable image fails its own sample
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,8 @@ from typing import Any
 from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
 from mmspec_cli.models.images import load_image
-from mmspec_cli.bench import hub
-from mmspec_cli.bench.sources import SUITES, resolve
+from mmspec_cli.bench.sources import resolve
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.prompts import shorten
 
 DEMO_TRAIN = "demo-train"
 DEMO_TRAIN_SIZE = 2000  # samples of demo-train when --limit is not given
@@ -124,32 +121,17 @@ def demo_training(n: int, seed: int = DEMO_TRAIN_SEED) -> list[Conversation]:
             for s in tasks.training_corpus(n, seed=seed, weights=DEMO_TRAIN_WEIGHTS)]
 
 
-def known_suites() -> list[str]:
-    """The suites SOURCE may name: ``demo-train`` and ``bench``'s built-in suites (:data:`~.sources.SUITES`)."""
-    return sorted((DEMO_TRAIN, *SUITES))
-
-
 def conversations(source: str, limit: int | None = None) -> list[Conversation]:
     """The conversations SOURCE names (the first ``limit``); refuses an empty source, or one that names nothing, in
-    one line (listing :func:`known_suites`, where bench's own refusal would leave out ``demo-train``)."""
+    one line (bench's, listing ``demo-train`` among the suites)."""
     if source == DEMO_TRAIN:
         found = demo_training(DEMO_TRAIN_SIZE if limit is None else limit)
-    elif _names_nothing(source):
-        raise InputError(f"SOURCE '{shorten(source)}' is neither an existing manifest file, nor a known suite (known "
-                         f"suites: {', '.join(known_suites())}), nor a supported dataset id "
-                         f"({', '.join(hub.DATASETS)}, with :SUBSET where needed)")
     else:
-        found = [from_sample(s) for s in resolve(source, limit)]
+        found = [from_sample(s) for s in resolve(source, limit, other_suites=(DEMO_TRAIN,))]
     if not found:
         raise InputError(f"SOURCE {source} holds no samples{' (--limit ' + str(limit) + ')' if limit else ''}; "
                          f"pass a source with at least one")
     return found
-
-
-def _names_nothing(source: str) -> bool:
-    """Whether :func:`~.sources.resolve` would find nothing under SOURCE: not a file or folder, suite or dataset."""
-    path = Path(os.path.expanduser(source))
-    return not (path.is_file() or path.is_dir() or source in SUITES or hub.is_known(source))
 
 
 def split_held_out(items: Sequence[Conversation], held_out: int) -> tuple[list[Conversation], list[Conversation]]:

@@ -25,15 +25,21 @@ from mmspec_cli.models.prompts import shorten
 POLL_S = 1.0  # how often a waiting run tries the answers file's lock again
 
 
+def _training(out: Path) -> Path:
+    """``DIR.train``, what DIR's lock is taken on (DIR itself is made by the first checkpoint, so the lock can't be
+    in it)."""
+    return out.with_name(out.name + ".train")
+
+
 def out_lock_path(out: Path) -> Path:
-    """``DIR.train.lock``, beside ``DIR`` (DIR itself is made by the first checkpoint, so the lock can't be in it)."""
-    return _lock_file(out.with_name(out.name + ".train"))
+    """``DIR.train.lock``, beside ``DIR``."""
+    return OutLock.file_for(_training(out))
 
 
 def lock_out(out: Path) -> OutLock | None:
     """DIR's lock for the whole run, or one line naming the run that trains into DIR now."""
     try:
-        return OutLock.acquire(out.with_name(out.name + ".train"), what="--out")
+        return OutLock.acquire(_training(out), what="--out")
     except LockHeld as held:
         raise InputError(f"--out {shorten(str(out))} is being trained into by {_holder(held)}; let it "
                          f"finish, or pick another --out") from None
@@ -54,11 +60,6 @@ def lock_answers(path: Path, log: Callable[[str], None],
                 f"answers are reused (Ctrl-C to stop)")
             said = True
         sleep(POLL_S)
-
-
-def _lock_file(path: Path) -> Path:
-    """The lock file :class:`OutLock` makes for ``path``."""
-    return path.with_name(path.name + ".lock")
 
 
 def _holder(held: LockHeld) -> str:

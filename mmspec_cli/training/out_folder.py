@@ -29,6 +29,7 @@ from typing import Any
 from mmspec_cli.choices import IMITATION
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.bench.records import OutLock
 from mmspec_cli.training.locks import out_lock_path
 
 CONFIG = "config.json"
@@ -95,7 +96,7 @@ def check_out(out: Path, answers: Path) -> None:
     if answers.is_dir():
         raise InputError(f"the answers file {shorten(str(answers))} is a folder; name a JSONL file with --answers")
     for path, what in ((out / f"{CHECKPOINT}.tmp", f"--out {shown}"), (out_lock_path(out), f"--out {shown}"),
-                       (answers.with_name(answers.name + ".lock"), f"--out {shown}: the answers file beside it")):
+                       (OutLock.file_for(answers), f"--out {shown}: the answers file beside it")):
         _check_name_length(path, what)
     _check_writable(_existing_ancestor(out), f"--out {shown}")
     _check_writable(_existing_ancestor(answers.parent), f"the answers file {shorten(str(answers))}")
