@@ -22,10 +22,11 @@ from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
-from mmspec_cli.drafters.registry import check_oracle, require_captioner
+from mmspec_cli.drafters.registry import check_chain_only, require_captioner
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
+from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
 from mmspec_cli.models.imitation import load_imitation
@@ -50,6 +51,8 @@ class ModelSet:
     heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec)
     imitation: Any = None  # FastVLM's imitation network for ssd.layer, when ssd.imitation names one
     threads: ThreadChoice | None = None  # the CPU thread choice made at loading; None: torch's setting left alone
+    #: drafter -> the step costs ``--gamma-schedule cost`` chooses γ from (``bench/latency.run_step_costs``)
+    step_costs: dict[str, StepCosts] = field(default_factory=dict)
 
     @classmethod
     def load(cls, profile: Profile, drafters: Sequence[str], threads: int | str | None = AUTO_THREADS) -> "ModelSet":
@@ -70,8 +73,8 @@ class ModelSet:
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
         decoding = profile.decoding
-        check_oracle(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
-                     needs_ar_first=False)
+        check_chain_only(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
+                         needs_ar_first=False)
         if any(p.self_speculative for p in plans):
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
@@ -97,13 +100,15 @@ class ModelSet:
         return models
 
     def decoder(self, drafter: str, ssd_layer: int | None = None, imitation: Any = None,
-                recorded: Sequence[Sequence[int]] | None = None) -> SpeculativeDecoder:
+                recorded: Sequence[Sequence[int]] | None = None,
+                step_costs: StepCosts | None = None) -> SpeculativeDecoder:
         """A fresh decoder (own KV caches) for ``drafter`` over the shared models.
 
         ``ssd_layer`` replaces the profile's ``ssd.layer`` for this decoder (``select-layer`` tries several);
         ``imitation``, the imitation network ``ssd`` drafts through (default: the profile's, at its layer);
         ``recorded``, for ``oracle``: the token ids of each turn of a first ``ar`` run of the same input
-        (:meth:`recorded_by_ar`).
+        (:meth:`recorded_by_ar`); ``step_costs``, what ``--gamma-schedule cost`` chooses γ from (default:
+        ``self.step_costs[drafter]``; none: the constant γ).
         """
         profile, decoding = self.profile, self.profile.decoding
         layer = profile.ssd.layer if ssd_layer is None else ssd_layer
@@ -127,6 +132,7 @@ class ModelSet:
             tree_depth=decoding.tree_depth,
             tree_topk=decoding.tree_topk,
             kv="compiled" if decoding.compile else "dynamic",
+            step_costs=step_costs if step_costs is not None else self.step_costs.get(drafter),
         )
 
 
@@ -172,17 +178,22 @@ def warn_if_self_draft(profile: Profile) -> None:
               f"than ar; name a smaller model under draft: in the profile", file=sys.stderr)
 
 
-def decoder_from_profile(profile: Profile, threads: int | str | None = AUTO_THREADS) -> SpeculativeDecoder:
-    """Load the profile's models and build the decoder of its drafter (``threads``: as :meth:`ModelSet.load`)."""
-    return ModelSet.load(profile, [profile.drafter], threads=threads).decoder(profile.drafter)
+def decoder_from_profile(profile: Profile, threads: int | str | None = AUTO_THREADS,
+                         step_costs: StepCosts | None = None) -> SpeculativeDecoder:
+    """Load the profile's models and build the decoder of its drafter (``threads``: as :meth:`ModelSet.load`;
+    ``step_costs``: as :meth:`ModelSet.decoder`)."""
+    return ModelSet.load(profile, [profile.drafter], threads=threads).decoder(profile.drafter, step_costs=step_costs)
 
 
 def load_decoder(profile: str | None = None, *, threads: int | str | None = AUTO_THREADS,
-                 **overrides) -> SpeculativeDecoder:
+                 step_costs: StepCosts | None = None, **overrides) -> SpeculativeDecoder:
     """``load_decoder("llava15-7b", drafter="t", gamma=3)``: a profile name or path plus flag overrides.
 
     CPU threads are set as the CLI sets them (the module docstring): ``threads="auto"`` by default, ``threads=N``
     for N threads, ``threads=None`` to leave torch's setting alone. Tree settings that disagree are refused before
     any model loads, as the CLI refuses them (a keyword is named as its flag, a profile value by its key).
+    ``step_costs``: what ``gamma_schedule="cost"`` chooses γ from (``mmspec_cli.bench.latency.step_costs`` of a
+    cached ``profile-latency`` result; without it the constant γ).
     """
-    return decoder_from_profile(apply_overrides(load_profile(profile), **overrides), threads=threads)
+    return decoder_from_profile(apply_overrides(load_profile(profile), **overrides), threads=threads,
+                                step_costs=step_costs)

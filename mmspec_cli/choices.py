@@ -22,6 +22,10 @@ SSD_PLAIN = "ssd:plain"
 #: every draft is accepted and drafting costs nothing; what it gains over ``ar`` measures the engine itself.
 ORACLE = "oracle"
 
+#: Prompt-lookup decoding (``drafters/pld.py``; Saxena 2023): no draft model, the draft is what followed an earlier
+#: occurrence of the last n-gram of the prompt and output so far.
+PLD = "pld"
+
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)
@@ -32,8 +36,9 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: Weight quantization through bitsandbytes (``None``: none).
 QUANTIZATIONS = (None, "8bit", "4bit")
 
-#: Draft-length schedules (``decoding/schedules.py``).
-SCHEDULES = ("constant", "heuristic", "fastvlm")
+#: Draft-length schedules (``decoding/schedules.py``); ``cost`` picks each block's γ from the step costs
+#: ``profile-latency`` measured on this machine.
+SCHEDULES = ("constant", "heuristic", "fastvlm", "cost")
 
 #: TABED weight policies (``drafters/weights.py``).
 POLICIES = ("grid", "softmax", "adaboost", "random", "static")

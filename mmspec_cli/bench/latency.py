@@ -21,6 +21,7 @@ so a retrained model, a new release of a shipped one or a new hub revision is pr
 instead of inheriting the old ratio. The ssd entry also says the
 layer it was timed at and its imitation network's name and fingerprint (:attr:`LatencyResult.ssd`),
 which ``bench`` compares with its records' before using it.
+``--gamma-schedule cost`` chooses each block's γ from the cached grid (:func:`step_costs`, :func:`run_step_costs`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from typing import Any
 
 import torch
 
+from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
 from mmspec_cli.decoding.kv_state import DynamicKV
+from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.models.parts import with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 
@@ -460,3 +463,86 @@ def load(device: str, target: str, draft: str, target_revision: str | None = Non
     if not path.exists():
         return None
     return LatencyResult(**json.loads(path.read_text()))
+
+
+# --------------------------------------------------------------------------- step costs for --gamma-schedule cost
+
+#: The draft name of a profile that has only draft heads (cache key); ``cli/profile_latency.py`` saves under it.
+NO_DRAFT = "none"
+
+
+def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[str] = ("m", "t"),
+               ssd_layer: int | None = None, imitation: str | None = None) -> StepCosts | None:
+    """What ``--gamma-schedule cost`` prices ``drafter``'s blocks with, from a cached ``result``; None when the
+    result lacks ``drafter``'s draft step (or ``drafter`` is ``ar``, which drafts nothing).
+
+    The verification is ``result``'s T_p(1, S, n) grid; one draft step is the draft model's T_q(B, S, 1) at the
+    drafter's B batch rows (its ensemble members: 1 for ``m``, ``t``; 2 for ``mt``; the profile's members for
+    ``tabed``), as measured (no other B stands in for it), a head's T_h(S) (``eagle``, ``vispec``), ssd's T_s(S) when
+    it was timed at ``ssd_layer`` with ``imitation`` (:meth:`LatencyResult.times_ssd`), and nothing for ``oracle``
+    and ``pld``, which run no model to draft."""
+    if drafter == "ar":
+        return None
+    verify = {(int(s), int(n)): ms for key, ms in result.target_ms.items() for s, n in [key.split(",")]}
+    if not verify:
+        return None
+    if drafter in (ORACLE, PLD):
+        return StepCosts(verify)
+    if drafter in HEAD_KINDS:
+        per_seq = result.head_ms.get(drafter, {})
+    elif drafter in ("ssd", SSD_PLAIN):
+        per_seq = result.ssd_ms.get(drafter, {}) if result.times_ssd(drafter, ssd_layer, imitation) else {}
+    else:
+        from mmspec_cli.drafters.registry import parse_drafter
+
+        batch = str(len(parse_drafter(drafter, tuple(default_members)).members))
+        per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
+    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}) if per_seq else None
+
+
+def profile_argument(profile) -> str:
+    """How ``--profile`` names ``profile`` in a command a note gives: its built-in name, else its file."""
+    from mmspec_cli.models.profiles import builtin_profiles_dir
+
+    return profile.name if Path(profile.source).parent == builtin_profiles_dir() else profile.source
+
+
+def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
+                   threads: int | None = None) -> tuple[dict[str, StepCosts], str | None]:
+    """The step costs of each of ``drafters`` when ``profile`` drafts under ``--gamma-schedule cost`` (drafter ->
+    :class:`StepCosts`), from the latencies ``profile-latency`` cached for this machine (``device`` with this
+    process's CPU thread count) and the profile's models, timed as the run runs its steps (``decoding.compile``),
+    and one ``note:`` line when some drafter has none, which then drafts the constant γ: the command to run
+    (``threads``: the run's ``--threads``, repeated in it). Nothing under another schedule, or for ``ar``.
+
+    The schedule prices chains: with a tree (``decoding.tree`` width or dynamic) it is not used, and the note says so.
+    """
+    decoding = profile.decoding
+    wanted = [name for name in drafters if name != "ar"]
+    if decoding.gamma_schedule != "cost" or not wanted:
+        return {}, None
+    kind = tree_kind(decoding.tree, decoding.tree_width)
+    if kind != "chain":
+        return {}, (f"note: --gamma-schedule cost prices chains, not a {kind} tree; it uses the constant "
+                    f"γ = {decoding.gamma}")
+    here = device_name(device)
+    result = load(here, profile.target.model, profile.draft.model if profile.draft else NO_DRAFT,
+                  profile.target.revision, profile.draft.revision if profile.draft else None, decoding.compile)
+    costs = {}
+    for name in wanted:
+        found = result and step_costs(result, name, profile.ensemble.members, profile.ssd.layer,
+                                      profile.ssd.imitation)
+        if found:
+            costs[name] = found
+    missing = [name for name in wanted if name not in costs]
+    if not missing:
+        return costs, None
+    which = "" if len(missing) == len(wanted) == 1 else \
+        f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
+    layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(missing) else None  # the run's, which may be a flag's
+    command = (f"mmspec profile-latency --profile {profile_argument(profile)}"
+               f"{f' --threads {threads}' if threads else ''}{' --compile' if decoding.compile else ''}"
+               f"{f' --ssd-layer {layer}' if layer else ''}")
+    return costs, (f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this "
+                   f"profile{which}; {'it uses' if len(missing) == 1 else 'they use'} the constant γ = "
+                   f"{decoding.gamma} (run {command} first)")

@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags
-from mmspec_cli.choices import HEAD_KINDS, ORACLE, SSD_PLAIN
+from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -118,11 +118,11 @@ def parse_drafters(text: str) -> list[str]:
 def check_profile_fits(names: list[str], profile: Profile) -> None:
     """Refuse drafters the profile can't run, before any model loads."""
     from mmspec_cli.bench.peers import PEERS
-    from mmspec_cli.drafters.registry import check_oracle, parse_drafter, require_captioner
+    from mmspec_cli.drafters.registry import check_chain_only, parse_drafter, require_captioner
     from mmspec_cli.drafters.ssd import require_layer
 
     decoding = profile.decoding
-    check_oracle(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
+    check_chain_only(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
     for name in names:
         if name in PEERS:
             PEERS[name].check_profile(profile)
@@ -218,6 +218,11 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
                     check_paper_target(models.target.model.config.model_type, profile.target.model)
                 settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)
+                from mmspec_cli.bench.latency import run_step_costs
+
+                models.step_costs, note = run_step_costs(profile, names, models.target.model.device, threads)
+                if note:
+                    typer.echo(note, err=True)
                 total = sum(len(t) for t in pending.values())
                 from mmspec_cli.cli.display import forget_compiling, report_compiling
 
@@ -281,9 +286,9 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     draft model's T_q at the records' batch rows (their ensemble members) for the others; each at the records'
     γ and mean prompt length. The cache is looked up under the CPU thread count the records were made with
     (records carry it), not this process's."""
-    # ar drafts nothing; oracle's draft costs nothing (c = 0, so Eq. (1) would be τ): its bound is
-    # (γ + 1)·T_p(1)/T_p(γ + 1), benchmarks/bench_oracle.py
-    turns = [r for r in records if "error" not in r and r["drafter"] not in ("ar", ORACLE)]
+    # ar drafts nothing; oracle's and pld's drafts cost no model step (c = 0, so Eq. (1) would be τ): oracle's bound
+    # is (γ + 1)·T_p(1)/T_p(γ + 1), benchmarks/bench_oracle.py
+    turns = [r for r in records if "error" not in r and r["drafter"] not in ("ar", ORACLE, PLD)]
     if not turns:
         return {}, {}, None  # nothing Eq. (1) applies to
     pair = (profile.target.model, profile.draft.model if profile.draft else None)

@@ -58,10 +58,10 @@ def compare(
     questions = check_questions(question or [], None)
     chosen = apply_overrides(load_profile(profile), **overrides)
     names = drafter_names(drafters, chosen.ensemble.members)
-    from mmspec_cli.drafters.registry import check_oracle
+    from mmspec_cli.drafters.registry import check_chain_only
 
     decoding = chosen.decoding
-    check_oracle(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
+    check_chain_only(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
     threads = check_threads(threads)
     from mmspec_cli.cli.display import forget_compiling, is_terminal
 
@@ -119,8 +119,13 @@ def _run(profile: Profile, pictures: list, questions: list[str], names: list[str
 
     from mmspec_cli.models.threads import apply_threads
 
+    from mmspec_cli.bench.latency import run_step_costs
+
     models = ModelSet.load(profile, names, threads=None)  # threads: the CLI's choice, made below
     apply_threads(threads, models.target.model)
+    models.step_costs, note = run_step_costs(profile, names, models.target.model.device, threads)  # after the threads
+    if note:
+        typer.echo(note, err=True)
     status = Console(stderr=True)
     generations = {}
     for i, name in enumerate(names, start=1):

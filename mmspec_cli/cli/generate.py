@@ -64,12 +64,13 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
     else:
         decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
         choice = apply_threads(threads, decoder.target.model)
+        decoder.step_costs = _step_costs(profile, decoder.target.model.device, threads)  # keyed by the threads
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt, turn_images=turn_images)
         typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
     else:
         tokenizer = decoder.target.tokenizer
-        view = display.LiveView(tokenizer, members=decoder.drafter.members) if live else display.PlainView(tokenizer)
+        view = display.LiveView(tokenizer, members=decoder.members) if live else display.PlainView(tokenizer)
         with view:
             for event in decoder.stream(pictures, questions, raw_prompt, turn_images=turn_images):
                 view.handle(event)
@@ -91,4 +92,16 @@ def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_
     recorded = recorded_by_ar(models, pictures, questions, raw_prompt, turn_images=turn_images)
     typer.echo(f"note: oracle replays the target's output of a first ar run ({sum(map(len, recorded))} tokens in "
                f"{time.perf_counter() - start:.1f} s, not counted); it is a benchmark tool", err=True)
-    return models.decoder(ORACLE, recorded=recorded), choice
+    step_costs = _step_costs(profile, models.target.model.device, threads)
+    return models.decoder(ORACLE, recorded=recorded, step_costs=step_costs), choice
+
+
+def _step_costs(profile: Profile, device, threads: int | None):
+    """The profile drafter's step costs for ``--gamma-schedule cost`` (None: not that schedule, or none cached,
+    which one ``note:`` line says); looked up after the thread choice, which the cache is keyed by."""
+    from mmspec_cli.bench.latency import run_step_costs
+
+    costs, note = run_step_costs(profile, [profile.drafter], device, threads)
+    if note:
+        typer.echo(note, err=True)
+    return costs.get(profile.drafter)

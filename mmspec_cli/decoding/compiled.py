@@ -16,7 +16,7 @@ the real ones and the state's pointer is put back after the real ones
 and trees are separate graphs (a tree passes its mask), and so is each state size. Each graph is a
 function of its own compiled without dynamo's guards (:class:`CompiledGraphs`): :class:`CompiledStep`
 picks the graph by shape itself, and a call skips the guard checks, which cost about a third of the demo
-target's compiled step. A greedy chain is one graph too (:func:`compiled_greedy_chain`, a head's chain).
+target's compiled step. A greedy chain is one graph too (:func:`compiled_chain`: the one chain loop over a drafter kind's draft step).
 
 **One per model and process.** A model (or head) has one compiled step and one static state per
 purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
@@ -51,6 +51,9 @@ from typing import Any
 
 import torch
 
+from transformers.cache_utils import Cache
+
+from mmspec_cli.decoding.chain import chain_loop, greedy_choice
 from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
 from mmspec_cli.models.parts import text_decoder, with_cache
 
@@ -227,6 +230,31 @@ def grouped_query_attention() -> Iterator[None]:
                     os.environ[FORCE_GQA] = _GQA.before
 
 
+def trace_key(args: tuple, switches: tuple = ()) -> tuple:
+    """What a trace of a graph called with ``args`` specialises on, as one hashable key: for a tensor its shape,
+    strides, dtype and device (so the positions' rank, a batch, a padded size, a state's capacity); for a cache its
+    class and each layer's class and buffers; for a number, a string, a dtype or None its value (a chain's length,
+    a vocabulary cut: the trace unrolls or bakes them); tuples and lists element by element; ``switches``: the
+    switches the trace runs under (:func:`grouped_query_attention`). Two calls with the same key run the same
+    graph correctly; a call whose key differs gets a graph of its own. Anything else is refused (TypeError), so a
+    new kind of argument can't slip past the key."""
+    return tuple(_traced_as(arg) for arg in args) + (switches,)
+
+
+def _traced_as(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device)
+    if isinstance(value, Cache):
+        return ("cache", type(value), tuple((type(layer), getattr(layer, "is_initialized", None),
+                                             _traced_as(getattr(layer, "keys", None)),
+                                             _traced_as(getattr(layer, "values", None))) for layer in value.layers))
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_traced_as(item) for item in value))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return (type(value), value)
+    raise TypeError(f"trace_key: no key for an argument of type {type(value).__name__}")
+
+
 class CompiledGraphs:
     """``fn`` compiled once per key: a graph per step shape, or per length of a greedy chain.
 
@@ -274,10 +302,12 @@ class CompiledGraphs:
             self._graphs[key] = graph
         return graph
 
-    def __call__(self, key: tuple, *args: Any) -> tuple[torch.Tensor, ...] | None:
-        """The graph of ``key`` run on ``args``, or None when compiling failed (now or before)."""
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...] | None:
+        """The graph traced for calls like this one (:func:`trace_key`) run on ``args``, or None when compiling failed
+        (now or before)."""
         if self.failed:
             return None
+        key = trace_key(args, (self.grouped_query,))
         start = time.perf_counter()
         tracing = key not in self._traced
         try:  # only a trace reads the switch: later calls skip it
@@ -332,8 +362,6 @@ class CompiledStep:
         # contiguous: a graph runs with the strides it was compiled for (batched rows' positions are slices)
         inputs, positions = inputs.contiguous(), positions.contiguous()
         mask = None if mask is None else mask.contiguous()
-        shape = (size, mask is not None, state.capacity, inputs.shape[0],  # a grown state is a new graph
-                 inputs.dtype, inputs.dim(), positions.dim(), len(state.cache.layers), type(state.cache))
         if not state.allocated:
             # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
             # traces: buffers first written inside a graph would make CUDA graphs skip every step ("mutated inputs").
@@ -341,7 +369,7 @@ class CompiledStep:
             outputs = self._eager(inputs, positions, mask, state.cache)
             state.wrote(size, kept=n)
             return tuple(out[:, :n] for out in outputs)
-        outputs = self.graphs(shape, inputs, positions, mask, state.cache)
+        outputs = self.graphs(inputs, positions, mask, state.cache)
         if outputs is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
@@ -385,10 +413,31 @@ def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, 
     return steps[name]
 
 
-def shared_chain(owner: Any, name: str, step: CompiledStep, make: Callable[[], Callable]) -> CompiledGraphs:
-    """The one greedy chain ``name`` of ``owner`` in this process (:class:`CompiledGraphs` over the function
-    ``make()`` builds, under the rules of :func:`shared_step`), sharing ``step``'s failure: a model or head whose step
-    can't be compiled drafts its chains step by step, eager, and is named once."""
+def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callable[[], Callable]) -> CompiledGraphs:
+    """The one compiled greedy chain ``name`` of ``owner`` (a draft model, a batch of its rows, a head) in this
+    process: :func:`~mmspec_cli.decoding.chain.chain_loop`, THE chain loop, over the draft step ``make_step()``
+    builds, in ONE graph per chain length. The step is a function of ``owner``'s parts (the rules of
+    :func:`shared_step`): ``step(token, carry, position, *params) -> (proposal, carry)`` feeds one chosen token
+    (1,) at ``position`` (the chain's positions sliced for it) and returns the next proposal. The graph is called
+    ``(first, carry, positions, steps, *params)``: ``first`` the proposal after the held tokens, ``positions`` those
+    of the ``steps`` − 1 tokens it feeds; it returns the (steps,) tokens and, when proposals are pairs, what each
+    kept (steps, ...). It shares ``step``'s failure: a model whose step can't be compiled drafts its chains step by
+    step, eager, and is named once."""
+
+    def make() -> Callable:
+        draft_step = make_step()
+
+        def chain(first, carry, positions, steps, *params):
+            def feed(token, carry, i):
+                return draft_step(token, carry, positions[..., i:i + 1], *params)
+
+            tokens, kept = chain_loop(first, carry, feed, steps, greedy_choice)
+            if kept[0] is None:
+                return (torch.cat(tokens),)
+            return torch.cat(tokens), torch.stack(kept)
+
+        return chain
+
     steps = _STEPS.setdefault(owner, {})
     if name not in steps:
         steps[name] = CompiledGraphs(make(), step.role, step.graphs.device, partner=step.graphs)
@@ -413,28 +462,3 @@ def compiled_forward(model: Any, role: str) -> CompiledStep:
         return forward
 
     return shared_step(model, "forward", make, role, model.device)
-
-
-def compiled_greedy_chain(model: Any, role: str) -> CompiledGraphs:
-    """The one compiled greedy chain of ``model`` in this process: ``chain(token, positions, cache, steps, vocab)``
-    feeds ``token`` (1, 1), takes the argmax of the first ``vocab`` logits as the next token, feeds it, and so on
-    for ``steps`` forwards, over a static state, in ONE graph per ``steps``; it returns the (steps,) tokens. This is
-    a draft model's greedy chain (``m``, ``t``) after its first token, which the catch-up's forward gives; step by
-    step, each token costs a compiled call and an argmax of its own. ``positions`` (1, steps) or M-RoPE's
-    (3, 1, steps) are the chain's. Like :func:`compiled_forward`, it holds the model's parts only."""
-
-    def make() -> Callable:
-        decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
-
-        def chain(token, positions, cache, steps, vocab):
-            tokens = []
-            for step in range(steps):
-                hidden = decoder(inputs_embeds=embed(token), position_ids=positions[..., step:step + 1],
-                                 **with_cache(cache), use_cache=True).last_hidden_state
-                token = lm_head(hidden)[..., :vocab].argmax(-1)  # (1, 1)
-                tokens.append(token)
-            return (torch.cat(tokens, dim=-1)[0],)
-
-        return chain
-
-    return shared_chain(model, "greedy chain", compiled_forward(model, role), make)

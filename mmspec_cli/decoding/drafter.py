@@ -1,13 +1,21 @@
-"""What the engine needs from a drafting method: the :class:`Drafter` interface and the drafts it hands over.
+"""What the engine needs from a drafting method: the :class:`Drafter` contract and the drafts it hands over.
 
-A drafter is told the prompt of each turn (``begin_turn``), then asked once per block for
-up to γ tokens that continue the tokens generated so far (``propose``), or for a token tree
-(``propose_tree``). It returns a :class:`Draft` (or :class:`TreeDraft`): the tokens and, when
-sampling, the distribution each token was drawn from; the verifier needs exactly that q
-(vLLM's proposer/rejection-sampler split: a dataclass hands drafts to the verifier). Rolling
-back after a rejection is implicit: the next ``propose`` receives the verified tokens, and
-the drafter's cache keeps only what matches them. After a tree block the drafter is told
-the accepted nodes (``keep_path``).
+A drafter has four verbs, one per moment of a block (docs/ARCHITECTURE.md, "The life of one block"):
+
+1. ``begin_turn(turn)``: take a turn's prompt (:class:`TurnStart`: its text and images, the target's
+   cached model, the room its states need after the prompt);
+2. ``propose(verified, shape, picker)``: a chain of γ tokens, a width tree or a dynamic tree
+   (:class:`DraftShape`), after the prompt and the ``verified`` tokens generated so far. It returns a
+   :class:`Draft` (or :class:`TreeDraft`): the tokens and, when sampling, the distribution each token was
+   drawn from; the verifier needs exactly that q (vLLM's proposer/rejection-sampler split);
+3. ``accept(kept)``: what the target kept of that draft (:class:`Kept`): a count of drafted tokens, or a
+   tree's path. This is where the drafter rolls its own states back, as a visible step of the block;
+4. ``observe(target_logits, draft, verdict, picker)``: the target's logits along the followed chain
+   (adaptive drafters learn here).
+
+What the engine must know of a drafter's resources is data it declares once, :class:`DrafterTraits`
+(``traits``): its draft-side models, its view of the prompt's length, whether it drafts at all, whether
+its turn start is slow (captioning). With ``name`` that makes six members.
 
 The drafting methods themselves live in :mod:`mmspec_cli.drafters`.
 """
@@ -16,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -78,61 +86,87 @@ class TreeDraft:
                      probs=None if self.probs is None else self.probs[path], weights=self.weights, nodes=tuple(path))
 
 
-class Drafter(ABC):
-    """A drafting method. ``name`` is the user-facing drafter name (``m``, ``t``, ...);
-    ``members`` the order of the weights an ensemble reports (empty for single drafters);
-    ``drafts`` is False for ``ar``, whose blocks are plain decoding steps of the target."""
+@dataclass(frozen=True)
+class DraftShape:
+    """What one block asks a drafter for: a ``chain`` of ``length`` tokens; a ``width`` tree of ``width`` branches
+    of ``length`` tokens (TABED §6.1); or an EAGLE-2 ``dynamic`` tree of ``length`` levels, ``topk`` children per
+    expanded node and at most ``budget`` − 1 nodes."""
 
-    name: str
+    length: int
+    kind: str = "chain"
+    width: int = 1
+    budget: int = 0
+    topk: int = 0
+
+    @property
+    def tree(self) -> bool:
+        return self.kind != "chain"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What the target kept of a block's draft: its first ``count`` tokens; for a tree, ``nodes`` is the accepted
+    path (node numbers from the tree's top), of length ``count``."""
+
+    count: int
+    nodes: tuple[int, ...] | None = None
+
+
+@dataclass
+class TurnStart:
+    """What a drafter is given at the start of a turn: the prompt rendered for the target, its images, the target's
+    cached model, ``cached_target`` (a drafter may read it: ``ssd`` drafts in its cache, a head reads its features; its kind says
+    whether the drafter's own states are dynamic, static or compiled) and ``room``: positions after the prompt
+    that the drafter's static states must hold (allocated now, not in the middle of the turn)."""
+
+    text: str
+    images: Sequence[Any]
+    cached_target: Any  # decoding.kv.CachedModel
+    room: int
+
+
+@dataclass
+class DrafterTraits:
+    """What a drafter declares once about its resources, read by the engine instead of asked in turn.
+
+    - ``models``: the draft-side models it runs forwards of (their support for token trees is checked);
+    - ``members``: the order of the weights an ensemble reports (empty for single drafters);
+    - ``drafts``: False for ``ar``, whose blocks are plain decoding steps of the target;
+    - ``slow_start``: its turn start does heavy work of its own when the turn has images (captioning), worth
+      overlapping with the target's prefill;
+    - ``captioner``: what it captions with (its ``seconds`` are time spent captioning), or None;
+    - ``prompt_views``: after ``begin_turn``, (draft model, tokens) of each of its own views of the prompt, for
+      the engine's context check (empty when it reads no prompt of its own: ``ar``; ``ssd`` reads the target's).
+    """
+
+    models: tuple[Any, ...] = ()
     members: tuple[str, ...] = ()
     drafts: bool = True
-
-    @abstractmethod
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        """Take the prompt of a new turn (the text rendered for the target, and the images)."""
-
-    @abstractmethod
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        """Draft ``gamma`` tokens after the prompt and the verified ``generated`` tokens."""
-
-    @abstractmethod
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        """Draft ``width`` branches of ``gamma`` tokens (token trees, TABED §6.1), all in each draft forward."""
-
-    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
-                             picker: TokenPicker) -> TreeDraft:
-        """Draft an EAGLE-2 dynamic tree of at most ``levels`` levels and ``budget`` − 1 nodes."""
-        raise NotImplementedError(f"drafter {self.name} drafts no dynamic tree")
-
-    def keep_path(self, nodes: Sequence[int]) -> None:
-        """After a tree block: the target accepted these nodes of the tree (a path from its top)."""
-
-    def models(self) -> list[Any]:
-        """The draft-side models this drafter runs forwards of (checked for token-tree support)."""
-        return []
-
-    def prompt_lengths(self) -> list[tuple[Any, int]]:
-        """After ``begin_turn``: (draft model, tokens) of its own view of the prompt, for the engine's context check.
-
-        Empty when the drafter reads no prompt of its own (``ar``; ``ssd`` reads the target's).
-        """
-        return []
-
-    def bind_target(self, runner: Any) -> None:
-        """Receive the engine's target :class:`~mmspec_cli.decoding.kv.CachedModel`; ``ssd`` drafts over its cache."""
-
-    def reserve(self, after_prompt: int) -> None:
-        """Room for ``after_prompt`` positions after this turn's prompt in the drafter's own static KV states
-        (allocated at the start of a turn, not in its middle); nothing for a drafter without one."""
-
-    def slow_start(self, images: Sequence[Any]) -> bool:
-        """Whether ``begin_turn`` does heavy work of its own (captioning) worth overlapping with the target."""
-        return False
+    slow_start: bool = False
+    captioner: Any = None
+    prompt_views: list[tuple[Any, int]] = field(default_factory=list)
 
     @property
     def caption_seconds(self) -> float:
-        """Total time this drafter has spent captioning images."""
-        return 0.0
+        return self.captioner.seconds if self.captioner is not None else 0.0
+
+
+class Drafter(ABC):
+    """A drafting method (module doc): ``name`` (``m``, ``t``, ``tabed``, ...), ``traits``, and four verbs."""
+
+    name: str
+    traits: DrafterTraits
+
+    @abstractmethod
+    def begin_turn(self, turn: TurnStart) -> None:
+        """Take the prompt of a new turn; make room in the drafter's own static states."""
+
+    @abstractmethod
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> "Draft | TreeDraft":
+        """Draft after the prompt and the ``verified`` tokens generated in this turn, in ``shape``."""
+
+    def accept(self, kept: Kept) -> None:
+        """The target kept ``kept`` of the last draft: roll the drafter's states back to it."""
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """See the target's logits (γ+1, V) for the block just verified; adaptive drafters learn here."""

@@ -4,8 +4,8 @@ Each turn renders the prompt, hands it to the drafter, then runs blocks until EO
 ``max_new_tokens``: γ from the draft-length schedule (:mod:`.schedules`: constant, heuristic or
 FastVLM Eq. 5), cut to ``max_new_tokens - generated - 1`` so that ``max_new_tokens`` is exact;
 one :class:`~.step.BlockStep` (propose, verify, observe); the output cut at EOS; the block
-reported as a :class:`BlockVerified` event. The target cache is rolled back with
-``Cache.crop`` on the next call (:mod:`.kv`), so the whole prefix is never re-run.
+reported as a :class:`BlockVerified` event. The block rolls the target and the drafter back as its own
+steps (:mod:`.step`), so the whole prefix is never re-run.
 See docs/ARCHITECTURE.md, "The life of one block".
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mmspec_cli.decoding.drafter import Drafter
+from mmspec_cli.decoding.drafter import Drafter, TurnStart
 from mmspec_cli.decoding.conversation import conversation
 from mmspec_cli.decoding.events import BlockVerified, Event, Generation, TurnResult, collect
 from mmspec_cli.decoding.kv import CachedModel
@@ -118,22 +118,23 @@ class SpeculativeDecoder:
         tree_depth: int = 3,
         tree_topk: int = 8,
         kv: str = "dynamic",
+        step_costs: Any = None,
     ):
         self.target = target
         self.drafter = drafter
         self.gamma = gamma
         self.gamma_schedule = check_schedule(gamma_schedule)
+        self.step_costs = step_costs  # what ``--gamma-schedule cost`` chooses γ from (schedules.StepCosts), or None
         self.tree = TreeSettings.resolve(tree, tree_width, tree_budget, tree_depth, tree_topk)
         self.tree_width = self.tree.width
-        if self.tree.drafts_tree and drafter.drafts:  # `ar` drafts nothing: its tree is moot
-            for model in (target.model, *drafter.models()):
+        if self.tree.drafts_tree and drafter.traits.drafts:  # `ar` drafts nothing: its tree is moot
+            for model in (target.model, *drafter.traits.models):
                 check_tree_support(model)
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.seed = seed
-        self.runner = CachedModel(target.model, role="target", image_token_id=target.image_token_id, kv=kv)
-        drafter.bind_target(self.runner)
-        self.step = BlockStep(self.runner, drafter, self.tree)
+        self.cached_target = CachedModel(target.model, role="target", image_token_id=target.image_token_id, kv=kv)
+        self.step = BlockStep(self.cached_target, drafter, self.tree)
         self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.
@@ -150,7 +151,7 @@ class SpeculativeDecoder:
     @property
     def members(self) -> tuple[str, ...]:
         """The order of each block's ensemble weights (empty for single drafters)."""
-        return self.drafter.members
+        return self.drafter.traits.members
 
     def stream(self, images: Sequence[Any], questions: Sequence[str], raw_prompt: str | None = None,
                history: Sequence[tuple[str, str]] = (), max_new_tokens: int | None = None,
@@ -175,14 +176,14 @@ class SpeculativeDecoder:
         prompt = process(self.target.processor, text, images)
         check_context(self.target.model.config, len(prompt.ids), max_new_tokens,  # before any forward
                       image_tokens=prompt.ids.count(self.target.image_token_id), images=len(images))
-        self.runner.reserve(len(prompt.ids) + max_new_tokens + STATIC_SLACK)  # a static state: allocated now
-        self._begin_turn(text, images, prompt)
-        for model, tokens in self.drafter.prompt_lengths():  # each draft's own view of the prompt (text-only, ...)
+        self.cached_target.reserve(len(prompt.ids) + max_new_tokens + STATIC_SLACK)  # a static state: allocated now
+        self.step.begin_turn()
+        self._begin_turn(TurnStart(text, images, self.cached_target, room=max_new_tokens + STATIC_SLACK), prompt)
+        for model, tokens in self.drafter.traits.prompt_views:  # each draft's own view of the prompt (text-only, ...)
             check_context(model.config, tokens, max_new_tokens, "draft", f"the prompt as drafter {self.drafter.name} "
                           f"shows it to the draft")
-        self.drafter.reserve(max_new_tokens + STATIC_SLACK)
         output = TurnOutput(turn, self.eos)
-        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length)
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length, costs=self.step_costs)
         while not output.finished and len(output.tokens) < max_new_tokens:
             room = max_new_tokens - len(output.tokens) - 1  # the target adds one token after the drafts
             gamma = self.step.length(schedule.length(len(prompt.ids) + len(output.tokens)), room)
@@ -194,15 +195,15 @@ class SpeculativeDecoder:
         answer = self.target.tokenizer.decode(output.tokens, skip_special_tokens=True).strip()
         return output.result(question, answer, wall_s=clock.decoding_s, caption_s=clock.caption_s)
 
-    def _begin_turn(self, text: str, images: Sequence[Any], prompt) -> None:
+    def _begin_turn(self, turn: TurnStart, prompt) -> None:
         """Hand the drafter the new prompt. When its start is slow (captioning) and ``overlap_prefill``
         is on, it runs in a thread while the target prefills all but the last prompt token, which
         the first block then feeds with the draft (so the tokens and blocks are unchanged)."""
-        if not (self.overlap_prefill and self.drafter.slow_start(images) and len(prompt.ids) > 1):
-            self.drafter.begin_turn(text, images)
+        if not (self.overlap_prefill and self.drafter.traits.slow_start and turn.images and len(prompt.ids) > 1):
+            self.drafter.begin_turn(turn)
             return
-        started = overlap_worker().submit(self.drafter.begin_turn, text, images)
-        self.runner.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
+        started = overlap_worker().submit(self.drafter.begin_turn, turn)
+        self.cached_target.logits(prompt.ids[:-1], keep=1, vision=prompt.vision)
         started.result()  # re-raises the drafter's error, if any
 
 

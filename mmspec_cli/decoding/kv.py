@@ -1,17 +1,23 @@
-"""A model together with its KV cache and the token ids that cache holds.
+"""A model together with its KV cache and the token ids that cache holds: :class:`CachedModel`.
 
-Target and drafters talk to their models only through :class:`CachedModel.logits`: "give
-me the logits of the last ``keep`` positions of this token sequence". The runner finds
-the longest prefix already in its KV state (:mod:`.kv_state`), rolls the rest back, and feeds
-only the new tokens at explicit positions (its family's: :mod:`mmspec_cli.models.families`). The engine rolls
-the target back as a visible step after verification (:meth:`CachedModel.rollback`), so the
-target's next call finds its prefix held already. The whole prefix is never re-run, except when
-the new part contains image placeholders (their pixels must go through the vision tower with the
-full prompt).
+Two ways in, one per moment of a turn:
+
+- **At a turn's start** (the prompt, and a conversation's earlier turns): :meth:`CachedModel.logits` takes the
+  whole token sequence, keeps the longest prefix its state holds already (a later turn reuses the turns
+  before), and feeds only the rest at explicit positions (its family's: :mod:`mmspec_cli.models.families`).
+  The whole prefix is never re-run, except when the new part contains image placeholders (their pixels
+  must go through the vision tower with the full prompt). :meth:`hold` makes the state hold a sequence.
+- **In a block**: lengths only. :meth:`extend` feeds tokens after what is held; :meth:`rollback` keeps the
+  first ``length`` positions (the engine's visible step after verification; a drafter's in ``accept``). No
+  prefix search: the block knows what the state holds.
 
 Positions after a prompt fed with its images follow that prompt's rope offset (Qwen-VL's M-RoPE δ,
-0 for LLaVA), computed from the prompt when it is fed and held with the ids it belongs to: a runner
-that drops those images (reset, or a prefix that cuts into them) drops the offset with them.
+0 for LLaVA), computed from the prompt when it is fed and held with the ids it belongs to: a cached
+model that drops those images (reset, or a prefix that cuts into them) drops the offset with them.
+
+A static state is one per model, role and process (:func:`~mmspec_cli.decoding.compiled.static_pool`). Decoders
+take turns with it: at a turn's start a cached model that finds it used by another since feeds its prompt
+again; in the middle of a turn that is an error (:data:`LOST_STATE`), never a silent re-encoding.
 """
 
 from __future__ import annotations
@@ -19,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, compiled_forward, compiled_greedy_chain,
-                                          static_pool)
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
@@ -67,6 +72,10 @@ def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
 #: static one with the steps compiled (``decoding.compile``).
 KV_KINDS = ("dynamic", "static", "compiled")
 
+#: A static state taken by another decoder in the middle of a turn (two decoders' turns interleaved).
+LOST_STATE = ("the {role} model's static KV state was used by another decoder in the middle of this turn; run one "
+              "decoder's turn at a time (finish or close a stream before starting another over the same models)")
+
 
 class CachedModel:
     """Runs ``model`` incrementally over growing (and rolled-back) token sequences, over one :class:`KVState`.
@@ -88,8 +97,7 @@ class CachedModel:
         self.images_end = 0  # one past the last image placeholder the state holds with its pixels
         self.images_count = 0  # how many images the state holds
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
-        self.chain: CompiledGraphs | None = compiled_greedy_chain(model, role) if kv == "compiled" else None
-        self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else static_pool(model).claim(self, 1)[0]
+        self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else self._pool().claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
         self.tree: PendingTree | None = None  # a token tree fed after ``ids`` and not settled yet
@@ -100,20 +108,37 @@ class CachedModel:
         """The transformers ``Cache`` the state holds."""
         return self.state.cache
 
+    @property
+    def length(self) -> int:
+        """Positions the state holds."""
+        return len(self.ids)
+
+    def _pool(self):
+        return static_pool(self.model, f"cached {self.role}")
+
     def _claim(self) -> KVState:
-        """The state, ready to use: a static one another cached model filled since is emptied and re-fed."""
+        """At a turn's start: the state, ready to use; a static one another cached model filled since is emptied (the
+        caller feeds what it needs again)."""
         if self.kv != "dynamic":
-            self.state, mine = static_pool(self.model).claim(self, len(self.ids) + 1)
+            self.state, mine = self._pool().claim(self, len(self.ids) + 1)
             if not mine:
                 self.state.reset()
                 self._forget()
+        return self.state
+
+    def _still_held(self) -> KVState:
+        """In a block: the state, which must still hold what this cached model fed (:data:`LOST_STATE`)."""
+        if self.kv != "dynamic":
+            self.state, mine = self._pool().claim(self, len(self.ids) + 1)
+            if not mine:
+                raise MmspecError(LOST_STATE.format(role=self.role))
         return self.state
 
     def reserve(self, positions: int) -> None:
         """Room for ``positions`` in a static state (allocated or grown now, not in the middle of a turn)."""
         if self.kv != "dynamic":
             self._claim()  # first: a state another cached model used is emptied for this one
-            static_pool(self.model).claim(self, positions)
+            self._pool().claim(self, positions)
 
     def track_features(self) -> FeatureTrack:
         """From now on keep the model's input embeddings and last hidden states of every cached position."""
@@ -140,10 +165,10 @@ class CachedModel:
     def rollback(self, length: int) -> None:
         """Hold only the first ``length`` ids: the step after verification that drops a rejected draft's tail
         (self-speculative drafting then extends them again)."""
-        self._claim()
+        self._still_held()
         self._drop_tree()
         self._crop(length)
-        self.ids = self.ids[:length]
+        del self.ids[length:]
 
     def _crop(self, length: int) -> None:
         self.state.rollback(length)
@@ -170,7 +195,7 @@ class CachedModel:
     def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Feed tree nodes after the held ids (``parents``: earlier node indices, -1 for the held ids);
         logits (n, V) of every node. Nodes fed by earlier calls stay visible to their descendants."""
-        state = self._claim()
+        state = self._still_held()
         if self.tree is None:
             self.tree = PendingTree(base=len(self.ids))
         nodes = self.tree.add(tokens, parents)
@@ -255,28 +280,34 @@ class CachedModel:
         return torch.cat([p for p in parts if p is not None])  # (keep, V)
 
     @torch.inference_mode()
-    def greedy_chain(self, token: int, steps: int, vocab: int) -> list[int] | None:
-        """Feed ``token`` after the held ids and ``steps`` − 1 more, each the argmax of the first ``vocab`` logits of
-        the one before (a draft whose vocabulary is longer than the target's is cut to the target's), in ONE
-        compiled graph (:func:`~mmspec_cli.decoding.compiled.compiled_greedy_chain`); the
-        ``steps`` tokens it chose, the last one not fed. None (nothing fed) when it can't: not compiled, a draft
-        head's features kept, a tree pending, or compiling failed; the caller then drafts step by step."""
-        if self.chain is None or self.features is not None or self.tree is not None or steps < 1:
+    def extend(self, tokens: Sequence[int], keep: int = 1) -> torch.Tensor:
+        """In a block: feed ``tokens`` after the held ids; logits (keep, V) of the last ``keep`` of them."""
+        self._still_held()
+        self._drop_tree()
+        logits = self._forward(tokens, {}, wanted=keep)
+        self.ids.extend(tokens)
+        return logits
+
+    @torch.inference_mode()
+    def run_chain(self, graphs: CompiledGraphs, first: torch.Tensor, steps: int, *params) -> list[int] | None:
+        """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of ``graphs``
+        (:func:`~mmspec_cli.decoding.compiled.compiled_chain`), from ``first``, the logits after the held ids: the
+        graph feeds every token but the last after the held ids, at the chain's positions, and moves the state's
+        write pointers itself. The tokens; None (nothing fed) when it can't run now: a draft head's features kept, a
+        tree pending, the state not allocated yet, or compiling failed (the caller runs the chain eagerly)."""
+        state = self._still_held()
+        if self.features is not None or self.tree is not None or not state.allocated:
             return None
-        state = self._claim()
-        if not state.allocated:
-            return None
-        state.room_for(steps)
-        positions = self.positions.chain(state.length, steps, self.device).contiguous()  # (1, steps), or (3, 1, steps)
-        token_ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        key = ("chain", steps, vocab, state.capacity, positions.dim(), len(state.cache.layers), type(state.cache))
-        out = self.chain(key, token_ids, positions, state.cache, steps, vocab)
+        fed = steps - 1
+        state.room_for(fed)
+        positions = self.positions.chain(state.length, fed, self.device).contiguous()  # (1, fed), or (3, 1, fed)
+        out = graphs(first, None, positions, steps, state.cache, *params)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         tokens = out[0].tolist()
-        state.wrote(steps)  # the graph moved the write pointers itself
-        self.ids = self.ids + [token] + tokens[:-1]
+        state.wrote(fed)  # the graph moved the write pointers itself
+        self.ids.extend(tokens[:-1])
         return tokens
 
     def _images_after(self, ids: Sequence[int], reuse: int, prompt_len: int,

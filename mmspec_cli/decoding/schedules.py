@@ -13,6 +13,14 @@
   length (the target's ``max_position_embeddings``), and d(0) = the profile's γ (the paper
   sets d(0) = 5, so d ∈ {5, …, 15}). d is in [d(0), d(0) + 10]. For LLaVA-1.5 (N = 4096) the
   sigmoid is below 0.1 while t < ~1830, so short answers draft d(0) (+0) tokens per block.
+- ``cost``: the γ that maximises the expected tokens per millisecond of a block,
+      E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1)),
+  from the step costs ``mmspec profile-latency`` measured on this machine (:class:`StepCosts`; the verification of
+  γ + 1 tokens as measured, not priced as one step) and the acceptance α seen so far in the turn
+  (:class:`AcceptanceEstimate`). The first block of a turn, before any evidence, drafts the profile's γ. γ is in
+  [1, γ_max] with γ_max = the largest token count whose verification was measured, minus one (so verifying
+  γ_max + 1 tokens is a measured cost, never an extrapolated one; the default grid 1, 3, 5, 7 gives γ_max = 6,
+  ``profile-latency --gammas 1,3,5,7,9`` allows 8). Without step costs it is ``constant``.
 
 The schedule functions are pure; :class:`GammaSchedule` holds a turn's state. The engine
 still cuts the scheduled length so that ``max_new_tokens`` is exact.
@@ -21,7 +29,8 @@ still cuts the scheduled length so that ``max_new_tokens`` is exact.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from mmspec_cli.choices import SCHEDULES
 from mmspec_cli.errors import InputError
@@ -51,6 +60,118 @@ def fastvlm_length(d0: int, t: int, n: int) -> int:
     return d0 + math.floor(10 * sigmoid(0.01 * (t - n // 2)))
 
 
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[τ(γ)], the expected tokens a block of γ drafted tokens yields when each is accepted with probability α
+    independently (Leviathan et al. 2023, Eq. (1); MMSpec/TABED's block efficiency):
+    (1 − α^{γ+1}) / (1 − α), and γ + 1 at α = 1 (every draft accepted, plus the target's own token)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    alpha = max(alpha, 0.0)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
+    """Piecewise-linear value at ``x`` through measured ``points`` (x, y), sorted by x; outside the measured range
+    the nearest end's value, held flat (never extrapolated)."""
+    if x <= points[0][0]:
+        return points[0][1]
+    x0, y0 = points[0]
+    for x1, y1 in points[1:]:  # a measured grid has a handful of points: a scan is fastest
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        x0, y0 = x1, y1
+    return y0
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What ``profile-latency`` measured on this machine for one drafter, in ms.
+
+    ``verify_ms``: (S, n) -> one target forward verifying n tokens after S cached ones, T_p(1, S, n) (TABED App. G);
+    ``draft_ms``: S -> ONE draft step after S cached tokens (the draft model's T_q(B, S, 1) at the drafter's batch
+    rows, a head's T_h(S), ssd's T_s(S)); empty for a drafter that runs no model (``oracle``, ``pld``): drafting
+    costs 0 then.
+    """
+
+    verify_ms: Mapping[tuple[int, int], float]
+    draft_ms: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.verify_ms:
+            raise ValueError("StepCosts needs at least one measured verification")
+        counts = sorted({n for _, n in self.verify_ms})  # sorted once: a block's γ is chosen in microseconds
+        object.__setattr__(self, "_by_count", [(n, sorted((s, ms) for (s, m), ms in self.verify_ms.items() if m == n))
+                                               for n in counts])
+        object.__setattr__(self, "_draft", sorted(self.draft_ms.items()))
+
+    @property
+    def gamma_max(self) -> int:
+        """The longest draft whose verification (γ + 1 tokens) was measured: the largest n − 1 (at least 1)."""
+        return max(1, self._by_count[-1][0] - 1)
+
+    def verify_curve(self, seq: int) -> list[tuple[int, float]]:
+        """(n, T_verify(S, n)) at each measured n: the grid interpolated linearly in S (:func:`interpolate`)."""
+        return [(n, interpolate(points, seq)) for n, points in self._by_count]
+
+    def verify(self, seq: int, tokens: int) -> float:
+        """T_verify(S, n): the measured grid interpolated linearly in S at each measured n, then linearly in n;
+        outside the measured S or n, the nearest measured value (:func:`interpolate`)."""
+        return interpolate(self.verify_curve(seq), tokens)
+
+    def draft(self, seq: int) -> float:
+        """One draft step after ``seq`` tokens, interpolated in S as :meth:`verify`; 0 when no model drafts."""
+        return interpolate(self._draft, seq) if self._draft else 0.0
+
+
+def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
+    """The cost of one block at context length S: γ draft steps and one verification of γ + 1 tokens,
+    T_draft(γ) + T_verify(S, γ + 1) = γ · T_step(S) + T_p(1, S, γ + 1) (TABED Eq. (1)'s denominator with the
+    verification priced as measured instead of as one step). Every draft step is priced at S: over a block the
+    context grows by at most γ tokens, far less than the measured grid's spacing."""
+    return gamma * costs.draft(seq) + costs.verify(seq, gamma + 1)
+
+
+def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None) -> int:
+    """The γ in [1, γ_max] maximising the expected tokens per ms of a block,
+    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1)) (:func:`expected_tokens` over :func:`block_ms`); ties go to the shorter draft. ``gamma_max``: by default
+    ``costs.gamma_max``."""
+    top = costs.gamma_max if gamma_max is None else gamma_max
+    curve, step = costs.verify_curve(seq), costs.draft(seq)  # block_ms, with the S interpolation done once
+    best, best_rate = 1, -1.0
+    for gamma in range(1, max(1, top) + 1):
+        rate = expected_tokens(alpha, gamma) / (gamma * step + interpolate(curve, gamma + 1))
+        if rate > best_rate * (1 + 1e-12):
+            best, best_rate = gamma, rate
+    return best
+
+
+@dataclass
+class AcceptanceEstimate:
+    """The per-token acceptance α of a turn so far: the maximum-likelihood estimate of a geometric model,
+    α̂ = accepted tokens / (accepted tokens + blocks that had a rejection).
+
+    Chosen because it is what the i.i.d. acceptance of :func:`expected_tokens` implies: each drafted token is
+    accepted with probability α until the first rejection, so a block that accepted k of d contributes k successes
+    and, when k < d, one failure; a block accepted in full is censored (no failure seen). It weighs every block by the
+    tokens it drafted, needs no prior, and is exact for the model the γ is optimised under. None before any block
+    drafted a token.
+    """
+
+    accepted: int = 0
+    rejections: int = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.accepted += accepted
+        self.rejections += accepted < drafted
+
+    @property
+    def alpha(self) -> float | None:
+        seen = self.accepted + self.rejections
+        return self.accepted / seen if seen else None
+
+
 def check_schedule(name: str) -> str:
     if name not in SCHEDULES:
         raise InputError(f"unknown gamma schedule '{name}'; use one of {', '.join(SCHEDULES)}")
@@ -59,23 +180,29 @@ def check_schedule(name: str) -> str:
 
 @dataclass
 class GammaSchedule:
-    """A turn's draft length under schedule ``name``; ``gamma`` is γ (d(0) for fastvlm, γ_max for heuristic)."""
+    """A turn's draft length under schedule ``name``; ``gamma`` is γ (d(0) for fastvlm, γ_max for heuristic, the
+    first block's for cost). ``costs``: what ``cost`` chooses from (None: ``cost`` is ``constant``)."""
 
     name: str
     gamma: int
     max_length: int = 4096  # N of FastVLM Eq. (5): the target's maximum sequence length
+    costs: StepCosts | None = None
 
     def __post_init__(self) -> None:
         check_schedule(self.name)
         self.current = self.gamma
+        self.acceptance = AcceptanceEstimate()
 
     def length(self, context: int) -> int:
         """γ for the next block, with ``context`` tokens (prompt + generated) before it."""
         if self.name == "fastvlm":
             return fastvlm_length(self.gamma, context, self.max_length)
+        if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
+            return best_gamma(self.costs, context, self.acceptance.alpha)
         return self.current
 
     def update(self, drafted: int, accepted: int) -> None:
-        """Learn from the block just verified (only ``heuristic`` does)."""
+        """Learn from the block just verified (``heuristic`` its next γ, ``cost`` the acceptance)."""
         if self.name == "heuristic":
             self.current = heuristic_next(self.current, drafted, accepted, self.gamma)
+        self.acceptance.add(drafted, accepted)

@@ -1,14 +1,15 @@
-"""One block: the drafter proposes, the target verifies in ONE forward, the drafter observes.
+"""One block, as gpt-fast's reads: propose, verify, accept, roll back, in :meth:`BlockStep.run`.
 
-1. **propose**: the drafter proposes up to γ tokens after the verified ones (a chain), or a
-   token tree (its cache rolls back by itself);
-2. **verify**: the target scores [last verified token, draft...] in ONE forward over its KV
-   cache (a tree goes through one forward with a tree mask, :mod:`.tree`); the first block of
-   a turn also feeds the prompt;
-3. **accept**: the verification rule (:mod:`.verify`) accepts a prefix (for a tree: of one
-   branch) and adds the target's own token;
-4. **roll back**: the target's KV state keeps the verified tokens and the accepted drafts
-   (:meth:`CachedModel.rollback`; a tree keeps its accepted path: ``keep_path``), so the next
+1. **propose**: the drafter proposes a chain of up to γ tokens after the verified ones, or a token tree
+   (:class:`~.drafter.DraftShape`);
+2. **verify**: the target scores [last verified token, draft...] in ONE forward over its KV state (a tree
+   goes through one forward with a tree mask, :mod:`.tree`); the turn's first block also feeds the prompt
+   (the one place a prefix is searched: a conversation's earlier turns are kept);
+3. **accept**: the verification rule (:mod:`.verify`) accepts a prefix (for a tree: of one branch) and
+   adds the target's own token;
+4. **roll back**, two visible lines: the target keeps the verified tokens and the accepted drafts (a
+   length, or a tree's accepted path), and the drafter is told what was kept (``accept``), where it rolls
+   its own states back. After a block the target holds every verified token but the last, so the next
    block feeds only the target's token and the new draft;
 5. the drafter sees the target's logits along the followed chain (TABED's evidence).
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, TreeDraft
+from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape, Kept, TreeDraft
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
@@ -48,67 +49,104 @@ class BlockOutcome:
 class BlockStep:
     """Runs blocks of ``drafter`` against the target's cached model, as chains or trees (``settings``)."""
 
-    def __init__(self, target: CachedModel, drafter: Drafter, settings: TreeSettings = TreeSettings()):
-        self.target = target
+    def __init__(self, cached_target: CachedModel, drafter: Drafter, settings: TreeSettings = TreeSettings()):
+        self.cached_target = cached_target
         self.drafter = drafter
         self.settings = settings
-        self.trees = settings.drafts_tree and drafter.drafts
+        self.trees = settings.drafts_tree and drafter.traits.drafts
+        self.prompt_fed = False  # whether this turn's prompt is in the target's state (after the turn's first block)
+
+    def begin_turn(self) -> None:
+        """A new turn: its first block feeds the prompt."""
+        self.prompt_fed = False
 
     def length(self, scheduled: int, room: int) -> int:
         """Tokens a block may draft: the schedule's γ (a dynamic tree: its levels), at most ``room``."""
         return min(self.settings.depth + 1 if self.settings.kind == "dynamic" else scheduled, room)
 
+    def shape(self, gamma: int) -> DraftShape:
+        """What a block of ``gamma`` asks the drafter for: a chain, or the settings' tree."""
+        s = self.settings
+        if not self.trees:
+            return DraftShape(gamma)
+        return DraftShape(gamma, s.kind, width=s.width, budget=s.budget, topk=s.topk)
+
     def run(self, prompt: ModelPrompt, generated: list[int], gamma: int, picker: TokenPicker) -> BlockOutcome:
         laps = Laps()
-        tree = None
-        if gamma > 0 and self.trees:
-            tree = self._propose_tree(generated, gamma, picker)
-            draft_s = laps.lap()
-            verdict, logits, draft = self._verify_tree(prompt, generated, tree, picker)
+        held = len(prompt.ids) + len(generated) - 1  # the verified tokens but the last: what the target holds
+        # 1. propose
+        proposed = self.drafter.propose(generated, self.shape(gamma), picker) if gamma > 0 else EMPTY_DRAFT
+        draft_s = laps.lap()
+        # 2. verify (ONE target forward) and 3. accept
+        if isinstance(proposed, TreeDraft):
+            tree = proposed
+            verdict, logits, draft, kept = self._verify_tree(prompt, generated, tree, picker)
         else:
-            draft = self.drafter.propose(generated, gamma, picker) if gamma > 0 else EMPTY_DRAFT
-            draft_s = laps.lap()
+            tree, draft = None, proposed
             verdict, logits = self._verify(prompt, generated, draft, picker)
-            self.target.rollback(len(prompt.ids) + len(generated) + verdict.accepted)  # the rejected tail goes
+            kept = Kept(verdict.accepted)
+        # 4. roll back: the target keeps the verified tokens and the accepted drafts; the drafter what was kept
+        if tree is None:
+            self.cached_target.rollback(held + 1 + kept.count)
+        else:
+            self.cached_target.keep_path(rooted(kept.nodes))
+        if gamma > 0:  # a block cut to γ = 0 proposed nothing: the drafter has nothing to keep
+            self.drafter.accept(kept)
         verify_s = laps.lap()
+        # 5. observe
         if len(draft):
             self.drafter.observe(logits, draft, verdict, picker)
         return BlockOutcome(draft, verdict, tree, draft_s, verify_s, laps.lap())
 
-    def _propose_tree(self, generated: list[int], gamma: int, picker: TokenPicker) -> TreeDraft:
-        s = self.settings
-        if s.kind == "dynamic":
-            return self.drafter.propose_dynamic_tree(generated, gamma, s.budget, s.topk, picker)
-        return self.drafter.propose_tree(generated, gamma, s.width, picker)
+    def _feed_prompt(self, prompt: ModelPrompt, generated: list[int], after: list[int], keep: int) -> torch.Tensor:
+        """The turn's first block: the target is fed the prompt (what earlier turns left in its state is kept), the
+        verified tokens and ``after``; logits of the last ``keep`` positions."""
+        self.prompt_fed = True
+        return self.cached_target.logits(prompt.ids + generated + after, keep=keep, vision=prompt.vision,
+                                         prompt_len=len(prompt.ids))
+
+    def _held_then(self, prompt: ModelPrompt, generated: list[int]) -> int:
+        """In a later block: the last verified token, after checking the target holds every one before it."""
+        held = len(prompt.ids) + len(generated) - 1
+        if self.cached_target.length != held:
+            raise RuntimeError(f"the target holds {self.cached_target.length} positions, {held} expected")
+        return generated[-1] if generated else prompt.ids[-1]
 
     def _verify(self, prompt: ModelPrompt, generated: list[int], draft: Draft,
                 picker: TokenPicker) -> tuple[Verdict, torch.Tensor]:
-        """ONE target forward over the verified tokens plus the draft; then the verification rule."""
-        logits = self.target.logits(prompt.ids + generated + draft.tokens, keep=len(draft) + 1,
-                                    vision=prompt.vision, prompt_len=len(prompt.ids))  # (γ+1, V)
+        """ONE target forward over the last verified token plus the draft; then the verification rule."""
+        keep = len(draft) + 1
+        if self.prompt_fed:
+            logits = self.cached_target.extend([self._held_then(prompt, generated), *draft.tokens], keep)  # (γ+1, V)
+        else:
+            logits = self._feed_prompt(prompt, generated, draft.tokens, keep)
         tokens = torch.tensor(draft.tokens, dtype=torch.long)
         if picker.greedy:
             return verify_greedy(tokens, logits), logits
         return verify_sampling(tokens, draft.probs, picker.distribution(logits), picker.generator), logits
 
     def _verify_tree(self, prompt: ModelPrompt, generated: list[int], tree: TreeDraft,
-                     picker: TokenPicker) -> tuple[Verdict, torch.Tensor, Draft]:
+                     picker: TokenPicker) -> tuple[Verdict, torch.Tensor, Draft, Kept]:
         """ONE target forward over the root (the last verified token) and every node; then the tree rule.
 
-        Only the accepted path stays in the target's cache and in the draft's. Returns the verdict,
-        the target's logits along the followed branch (γ+1, V), and that branch as a chain.
+        Returns the verdict, the target's logits along the followed branch (γ+1, V), that branch as a chain, and
+        the accepted path.
         """
-        verified = prompt.ids + generated
-        self.target.hold(verified[:-1], vision=prompt.vision, prompt_len=min(len(prompt.ids), len(verified) - 1))
-        tokens, parents = rooted_values(tree.tokens, verified[-1]), rooted_parents(tree.topology)
-        logits = self.target.tree_logits(tokens, parents)  # (1 + n, V)
+        if self.prompt_fed:
+            root = self._held_then(prompt, generated)
+        else:
+            verified = prompt.ids + generated
+            self.cached_target.hold(verified[:-1], vision=prompt.vision,
+                                    prompt_len=min(len(prompt.ids), len(verified) - 1))
+            self.prompt_fed, root = True, verified[-1]
+        tokens, parents = rooted_values(tree.tokens, root), rooted_parents(tree.topology)
+        logits = self.cached_target.tree_logits(tokens, parents)  # (1 + n, V)
         if tree.scores is not None:
             accepted, next_token, followed = self._follow_dynamic(tree, tokens, parents, logits, picker)
         else:
             accepted, next_token, followed = self._follow_width(tree, logits, picker)
-        self.target.keep_path(rooted(accepted))
-        self.drafter.keep_path(accepted)
-        return Verdict(len(accepted), next_token), logits[rooted(followed.nodes)], followed
+        return Verdict(len(accepted), next_token), logits[rooted(followed.nodes)], followed, Kept(len(accepted),
+                                                                                                  tuple(accepted))
 
     def _follow_width(self, tree: TreeDraft, logits: torch.Tensor, picker: TokenPicker):
         """A width tree: the branch rules of TABED §6.1 (greedy) and recursive rejection sampling."""

@@ -38,7 +38,7 @@ class TurnClock:
         self.drafter = drafter
         self.start = time.perf_counter()
         self.paused_s = 0.0
-        self.captioned_before = drafter.caption_seconds
+        self.captioned_before = drafter.traits.caption_seconds
         self.compiled_before = COMPILE_LOG.total_s
 
     @contextmanager
@@ -52,7 +52,7 @@ class TurnClock:
 
     @property
     def caption_s(self) -> float:
-        return self.drafter.caption_seconds - self.captioned_before
+        return self.drafter.traits.caption_seconds - self.captioned_before
 
     @property
     def decoding_s(self) -> float:

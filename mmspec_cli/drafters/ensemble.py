@@ -21,10 +21,11 @@ from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters.weights import WeightPolicy, mixture
 from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.sampling import TokenPicker, working_dtype
 from mmspec_cli.decoding.verify import Verdict
-from mmspec_cli.decoding.drafter import Draft, Drafter, TreeDraft
-from mmspec_cli.drafters.tree_drafting import TreeDrafting, pick
+from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
+from mmspec_cli.drafters.tree_drafting import TreeDrafting
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import fit_vocab
 from mmspec_cli.drafters.views import RowView
@@ -43,74 +44,78 @@ class EnsembleDrafter(TreeDrafting, Drafter):
     def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
                  target_vocab: int, policy: EnsembleSpec, seed: int = 0, captioner: Captioner | None = None):
         self.name = name
-        self.captioner = captioner
-        self.members = tuple(members)
+        self.traits = DrafterTraits(models=(draft.model,), members=tuple(members), slow_start=captioner is not None,
+                                    captioner=captioner)
         self.views = list(views)
         self.target_vocab = target_vocab
         self.rows = BatchedRows(draft.model, draft.image_token_id)
+        self.step = DraftStep(self._feed, from_logits=False)
+        self.prompt_fed = False  # whether the turn's rows are caught up (after its first block)
+        self.base = 0  # shared tokens held before the block's drafts
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
         self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
-        self._longest = 0  # tokens of this turn's longest member row
+        self._picker: TokenPicker | None = None  # the block's picker, for the eager draft step
         self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last chain block
         self._weights = torch.ones(len(members), dtype=torch.float64) / len(members)  # the tree block's weights
         self._root_q: torch.Tensor | None = None  # (m, V) member distributions at a tree's root
         self._node_q: list[torch.Tensor] = []  # (m, V) after each fed node of the tree, in node order
 
-    def models(self) -> list[Any]:
-        return [self.rows.model]
-
-    def bind_target(self, runner: Any) -> None:
-        """The rows' state is of the target's kind: static and compiled when the target's is."""
-        self.rows.use_kv(runner.kv)
-
-    def reserve(self, after_prompt: int) -> None:
-        self.rows.reserve(after_prompt)
-
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        rows = [view(prompt_text, images) for view in self.views]
-        self._longest = max(len(row.ids) for row in rows)
+    def begin_turn(self, turn: TurnStart) -> None:
+        """The rows' state is of the target's kind (static and compiled when the target's is); each member's row."""
+        self.rows.use_kv(turn.cached_target.kv)
+        self.step = DraftStep(self._feed, from_logits=False,
+                              compiled=self._compiled if self.rows.chain is not None else None)
+        rows = [view(turn.text, turn.images) for view in self.views]
+        # the longest member row: each row counts its own positions, so that is the one that must fit
+        self.traits.prompt_views = [(self.rows.model, max(len(row.ids) for row in rows))]
         self.prefix = self.rows.begin(rows)
+        self.rows.reserve(turn.room)
         self.policy.reset()
+        self.prompt_fed = False
 
-    def prompt_lengths(self) -> list[tuple[Any, int]]:
-        """The longest member row: each row counts its own positions, so that is the one that must fit."""
-        return [(self.rows.model, self._longest)]
+    def _catch_up(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """Feed every row the verified tokens it lacks; the member distributions after them (m, V). The turn's
+        first block keeps what an earlier turn left; later ones feed only the tokens since the last block."""
+        if self.prompt_fed:
+            logits = self.rows.extend(verified[self.rows.held - len(self.prefix):])
+        else:
+            logits = self.rows.logits(self.prefix + list(verified))
+            self.prompt_fed = True
+        self.base = self.rows.held
+        return member_distributions(fit_vocab(logits, self.target_vocab), picker)  # (m, V)
 
-    def slow_start(self, images: Sequence[Any]) -> bool:
-        return self.captioner is not None and bool(images)
+    def _feed(self, token: int, carry: None, i: int) -> tuple[tuple[torch.Tensor, torch.Tensor], None]:
+        q_k = member_distributions(fit_vocab(self.rows.extend([token]), self.target_vocab), self._picker)  # (m, V)
+        return (mixture(q_k, self._weights), q_k), None
 
-    @property
-    def caption_seconds(self) -> float:
-        return self.captioner.seconds if self.captioner is not None else 0.0
+    def _compiled(self, first: tuple[torch.Tensor, torch.Tensor], carry: None, steps: int):
+        out = self.rows.run_chain(first, steps, self._weights, self.target_vocab)
+        return None if out is None else (out[0], [(None, q_k) for q_k in out[1]])
 
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
-        shared = self.prefix + list(generated)
-        tokens: list[int] = []
-        members_q, mixed_q = [], []
-        while len(tokens) < gamma:
-            if tokens and picker.greedy:  # compiled: the rest of a greedy chain in one graph
-                chained = self.rows.greedy_mixture_chain(tokens[-1], gamma - len(tokens), weights, self.target_vocab)
-                if chained is not None:
-                    tokens += chained[0]
-                    members_q.extend(chained[1].to(members_q[0]))
-                    break
-            q_k = member_distributions(fit_vocab(self.rows.logits(shared), self.target_vocab), picker)  # (m, V)
-            q = mixture(q_k, weights)  # (V,)
-            token = pick(q, picker)
-            tokens.append(token)
-            members_q.append(q_k)
-            mixed_q.append(q)
-            shared.append(token)
-        self._block_q = torch.stack(members_q) if members_q else None
-        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(mixed_q),
-                     weights=[float(w) for w in weights])
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
+        self._weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
+        weights = [float(w) for w in self._weights]
+        if shape.tree:
+            tree = self.draft_tree(verified, shape, picker)
+            self._block_q = None
+            return dataclasses.replace(tree, weights=weights)
+        self._picker = picker
+        q_k = self._catch_up(verified, picker)
+        tokens, kept = draft_chain(self.step, (mixture(q_k, self._weights), q_k), None, shape.length, picker)
+        self._block_q = torch.stack([members_q.to(q_k) for _, members_q in kept])  # (γ, m, V)
+        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack([q for q, _ in kept]),
+                     weights=weights)
 
-    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        """The block's weights, then the mixture at the last verified token (every member row in one forward)."""
-        self._weights = self.policy.weights()  # (m,)
-        self._root_q = member_distributions(fit_vocab(self.rows.logits(self.prefix + list(generated)),
-                                                      self.target_vocab), picker)  # (m, V)
+    def accept(self, kept: Kept) -> None:
+        """Keep the verified context and the kept drafts the block fed to every row (a tree: its accepted path)."""
+        if kept.nodes is not None:
+            self.keep_path(kept.nodes)
+        else:
+            self.rows.rollback(min(self.rows.held, self.base + kept.count))
+
+    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        """The mixture at the last verified token (every member row in one forward), with the block's weights."""
+        self._root_q = self._catch_up(verified, picker)  # (m, V)
         self._node_q = []
         return mixture(self._root_q, self._weights)  # (V,)
 
@@ -120,17 +125,6 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         q_k = member_distributions(logits.transpose(0, 1), picker)  # (n, m, V)
         self._node_q.extend(q_k)
         return mixture(q_k, self._weights)  # (n, V)
-
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        tree = TreeDrafting.propose_tree(self, generated, gamma, width, picker)
-        self._block_q = None
-        return dataclasses.replace(tree, weights=[float(w) for w in self._weights])
-
-    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
-                             picker: TokenPicker) -> TreeDraft:
-        tree = TreeDrafting.propose_dynamic_tree(self, generated, levels, budget, topk, picker)
-        self._block_q = None
-        return dataclasses.replace(tree, weights=[float(w) for w in self._weights])
 
     def keep_fed(self, fed: Sequence[int]) -> None:
         self.rows.keep_path(fed)

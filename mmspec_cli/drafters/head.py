@@ -13,8 +13,8 @@ per pair (f_p, e_{p+1}) of the target's last hidden state and the next input emb
 2. **Draft.** ``lm_head(h)`` (the TARGET's LM head) proposes the next token x; the pair (h, e_x)
    is fed next, at the next position, and so on: a chain of γ, or a tree level by level
    (EAGLE-2's dynamic tree when ``--tree dynamic``), each node fed with its parent's h.
-3. **Roll back.** Every drafted entry is cropped again: the next catch-up feeds the accepted
-   tokens with the target's true features instead.
+3. **Roll back** (``accept``). Every drafted entry is cropped again: the next catch-up feeds the
+   accepted tokens with the target's true features instead.
 
 A head is not an ensemble row: it is a different network over a different cache, fed by the
 target's features, so ``tabed:mv`` is refused (:mod:`.registry`).
@@ -27,15 +27,17 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.decoding.drafter import Draft, Drafter
-from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, shared_chain, shared_step, static_pool
+from mmspec_cli.decoding.chain import DraftStep, draft_chain
+from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
+from mmspec_cli.decoding.kv import LOST_STATE, CachedModel
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step, static_pool
+from mmspec_cli.errors import MmspecError
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafting
-from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, layer_step
+from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, image_runs, layer_step
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process
 
@@ -45,16 +47,20 @@ class HeadDrafter(TreeDrafting, Drafter):
 
     def __init__(self, target: LoadedModel, head: DraftHead):
         self.name = head.kind
+        self.traits = DrafterTraits()  # its network is the head, and its proposals come through the target's LM head
         self.target = target
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
         self.device = head.fc.weight.device
-        self.runner: CachedModel | None = None
+        self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prefilled = False
-        self.kv = "dynamic"  # the target's kind (bind_target): static and compiled when the target's is
+        self.kv = "dynamic"  # the target's kind (begin_turn): static and compiled when the target's is
         self.compiled: CompiledStep | None = None
-        self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (greedy_chain)
+        self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (head_step)
+        self.step = DraftStep(self._feed)
+        self.base = 0  # entries before the block's drafts
+        self.image_runs: list[tuple[int, int]] = []  # the prompt's image runs (models.head.image_runs), per turn
         self._reset_head()
 
     def _reset_head(self) -> None:
@@ -77,60 +83,68 @@ class HeadDrafter(TreeDrafting, Drafter):
     def cache(self):
         return self.state.cache
 
-    def bind_target(self, runner: CachedModel) -> None:
-        self.runner = runner
-        runner.track_features()
-        if runner.kv != self.kv:
-            self.kv = runner.kv
+    def begin_turn(self, turn: TurnStart) -> None:
+        """Read the target's features from now on; the head's state is of the target's kind (static and compiled
+        when the target's is); the prompt, which the first block's catch-up feeds whole."""
+        self.cached_target = turn.cached_target
+        self.cached_target.track_features()
+        if turn.cached_target.kv != self.kv:
+            self.kv = turn.cached_target.kv
             self.compiled = compiled_head_step(self.head, self.device) if self.kv == "compiled" else None
-            self.chain = shared_chain(self.head, "greedy chain", self.compiled, lambda: greedy_chain(self.head)) \
+            self.chain = compiled_chain(self.head, "greedy chain", self.compiled, lambda: head_step(self.head)) \
                 if self.kv == "compiled" else None
+            self.step = DraftStep(self._feed, compiled=self._compiled if self.chain is not None else None)
             self._reset_head()
-
-    def reserve(self, after_prompt: int) -> None:
+        self.prompt = process(self.target.processor, turn.text, turn.images)
+        self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
+        self.prefilled = False
         if self.kv != "dynamic":
             self._claim()
-            static_pool(self.head, "head").claim(self, len(self.prompt.ids) + after_prompt)
+            static_pool(self.head, "head").claim(self, len(self.prompt.ids) + turn.room)
 
     def _claim(self) -> None:
-        """A static state another head drafter filled since is started over: the catch-up feeds every pair again."""
+        """At a turn's start: a static state another head drafter filled since is started over (the catch-up feeds
+        every pair again). In a block, the state must still be this drafter's (:data:`LOST_STATE`)."""
         if self.kv != "dynamic":
             self.state, mine = static_pool(self.head, "head").claim(self, self.entries + 1)
             if not mine:
+                if self.prefilled:
+                    raise MmspecError(LOST_STATE.format(role="draft head"))
                 self._reset_head()
-
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        self.prompt = process(self.target.processor, prompt_text, images)
-        self.prefilled = False
 
     # ------------------------------------------------------------------ the verified context
 
     @torch.inference_mode()
-    def _catch_up(self, generated: Sequence[int]) -> list[int]:
-        """Feed the head every verified pair it lacks; returns the verified ids."""
-        if self.runner is None:
-            raise RuntimeError("HeadDrafter needs bind_target(runner) before propose")
+    def _catch_up(self, generated: Sequence[int]) -> int:
+        """Feed the head every verified pair it lacks; returns the position of the last verified token."""
+        if self.cached_target is None:
+            raise RuntimeError("HeadDrafter needs begin_turn before propose")
         self._claim()
-        verified = self.prompt.ids + list(generated)
-        held = len(verified) - 1
-        self.runner.hold(verified[:held], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), held))
-        if not self.prefilled:  # a new turn: the head reads the whole prompt again
+        held = len(self.prompt.ids) + len(generated) - 1
+        if not self.prefilled:  # a new turn: the target holds the prompt, and the head reads all of it again
+            self.cached_target.hold(self.prompt.ids + list(generated[:-1]) if generated else self.prompt.ids[:-1],
+                                    vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), held))
             self._reset_head()
             self.prefilled = True
-        track = self.runner.features
+        elif self.cached_target.length != held:
+            raise RuntimeError(f"the target holds {self.cached_target.length} positions, {held} expected")
+        track = self.cached_target.features
         if len(track) != held:
             raise RuntimeError(f"the target's features cover {len(track)} positions, {held} expected")
         first = self.pairs_done  # only the rows not fed yet are copied: the track grows with the turn
-        last = self.head.embed_tokens(torch.tensor([verified[-1]], device=self.device))  # (1, H)
+        last_token = generated[-1] if generated else self.prompt.ids[-1]
+        last = self.head.embed_tokens(torch.tensor([last_token], device=self.device))  # (1, H)
         embeds = torch.cat([self._here(track.embeds[first:]), last])  # e_p from p = first; projector outputs at slots
-        seq = head_sequence(self.head, verified, self._here(track.hidden[first:]), embeds, first,
-                            self.target.image_token_id, len(self.prompt.ids), self.glob, offset=first)
+        seq = head_sequence(self.head, range(held + 1), self._here(track.hidden[first:]), embeds, first,
+                            self.target.image_token_id, len(self.prompt.ids), self.glob, offset=first,
+                            runs=self.image_runs)  # range: only the length is read, the runs are the turn's
         if len(seq.positions):
             out = self._forward(seq.inputs, torch.tensor([seq.positions], device=self.device),
                                 causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
             self.last_h = out[-1]
         self.pairs_done, self.glob = held, seq.glob
-        return verified
+        self.base = self.entries
+        return held
 
     def _here(self, rows: torch.Tensor) -> torch.Tensor:
         return rows.to(device=self.device, dtype=self.head.fc.weight.dtype)
@@ -158,51 +172,48 @@ class HeadDrafter(TreeDrafting, Drafter):
     # ------------------------------------------------------------------ chains
 
     @torch.inference_mode()
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        verified = self._catch_up(generated)
-        base, position = self.entries, len(verified) - 1
-        if self.chain is not None and picker.greedy:
-            tokens = self._compiled_chain(gamma, position)
-            if tokens is not None:
-                return Draft(tokens=tokens, probs=None)
-        h = self.last_h
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
-        for step in range(gamma):
-            token, probs = picker.choose(self._logits(h))
-            tokens.append(token)
-            if probs is not None:
-                dists.append(probs)
-            if step == gamma - 1:
-                break
-            seen = base + step
-            h = self._forward(self._fuse([token], h[None]), torch.tensor([[position + step]], device=self.device),
-                              causal_mask(1, seen, h.dtype, self.device))[-1]
-        self.state.rollback(base)  # drafted entries go: the next catch-up feeds the target's features
-        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
+        if shape.tree:
+            return self.draft_tree(verified, shape, picker)
+        self._position = self._catch_up(verified)  # the last verified token's position: drafts follow it
+        tokens, drawn_from = draft_chain(self.step, self._logits(self.last_h), self.last_h, shape.length, picker)
+        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
-    def _compiled_chain(self, gamma: int, position: int) -> list[int] | None:
-        """A greedy chain of ``gamma`` tokens in ONE compiled graph (:func:`greedy_chain`), or None when it can't (the
-        head's cache not allocated yet, or compiling failed; the caller drafts step by step)."""
+    def accept(self, kept: Kept) -> None:
+        """Every drafted entry goes (a tree's went already): the next catch-up feeds the kept tokens with the target's
+        own features."""
+        self.state.rollback(self.base)
+
+    def _feed(self, token: int, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager draft step: the pair (h, e_token) at the next position, seeing every entry before it."""
+        h = self._forward(self._fuse([token], h[None]), torch.tensor([[self._position + i]], device=self.device),
+                          causal_mask(1, self.base + i, h.dtype, self.device))[-1]
+        return self._logits(h), h
+
+    def _compiled(self, first: torch.Tensor, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
+        """A greedy chain in ONE compiled graph of :func:`head_step`, or None when it can't (the head's cache not
+        allocated yet, or compiling failed; the chain then runs eagerly)."""
         state, lm_head = self.state, self.lm_head
         if not state.allocated:
             return None
-        base = state.length
-        state.room_for(gamma)
-        positions = torch.arange(position, position + gamma - 1, device=self.device)[None]
+        fed = steps - 1
+        state.room_for(fed)
+        positions = torch.arange(self._position, self._position + fed, device=self.device)[None]
         glob = None if self.glob is None else self.glob[None]
-        key = ("chain", gamma, glob is None, state.capacity, self.last_h.dtype, lm_head.bias is None)
-        out = self.chain(key, self.last_h[None], glob, positions, lm_head.weight, lm_head.bias, state.cache, gamma)
-        state.rollback(base)  # the graph wrote γ − 1 entries: they go, as in the step-by-step chain
-        return None if out is None else out[0].tolist()
+        out = self.chain(first, h[None], positions, steps, lm_head.weight, lm_head.bias, glob, state.cache)
+        if out is None:
+            state.rollback(state.length)
+            return None
+        state.wrote(fed)  # the graph moved the write pointers itself; accept rolls them back
+        return out[0].tolist(), [None] * steps
 
     # ------------------------------------------------------------------ trees (tree_drafting)
 
     @torch.inference_mode()
-    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        verified = self._catch_up(generated)
+    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        position = self._catch_up(verified)
         self._tree = PendingTree(base=self.entries)
-        self._shift = len(verified) - 1 - self.entries  # a node's position: the last verified token's + its depth
+        self._shift = position - self.entries  # a node's position: the last verified token's + its depth
         self._outputs: list[torch.Tensor] = []
         return proposal(self._logits(self.last_h), picker)  # (V,)
 
@@ -229,29 +240,24 @@ def compiled_head_step(head: DraftHead, device: torch.device) -> CompiledStep:
         layer_step(layer, rotary, inputs, positions, mask, cache),), "head", device)
 
 
-def greedy_chain(head: DraftHead) -> Callable:
-    """The step-by-step greedy chain of :meth:`HeadDrafter.propose` as one function of the head's parts, for one
-    compiled graph per chain length (``steps``): ``lm_head(h)``'s argmax is the next token; the pair (h, e_token)
-    is fed at the next position into the head's static cache, seeing every entry before it (the mask the eager
-    chain builds, from the cache's write pointer), and its output is the next h. Step by step, each draft token
-    costs an embedding, ``fc``, the layer's graph, the LM head and an argmax, each a call of its own; here a
-    block's chain is one call (docs/BENCHMARKS.md, "Compiled decoding")."""
+def head_step(head: DraftHead) -> Callable:
+    """A head's draft step as one function of its parts, for the compiled chain
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): the pair (h, e_token) of the carried output h and the
+    chosen token (1,) is fed at ``position`` into the head's static cache, seeing every entry before it (the mask
+    the eager step builds, from the cache's write pointer); its output is the next h, and ``lm_head`` of it (the
+    target's: ``lm_weight``, ``lm_bias``) the next proposal. Step by step, each draft token costs an embedding,
+    ``fc``, the layer's graph, the LM head and an argmax, each a call of its own; in the chain's graph a block's
+    chain is one call (docs/BENCHMARKS.md, "Compiled decoding")."""
     embed, fc, img_fc = head.embed_tokens, head.fc, head.img_fc if head.sees_images else None
     layer, rotary = head.layers[0], head.rotary
 
-    def chain(h, glob, positions, lm_weight, lm_bias, cache, steps):
-        tokens = []
-        for step in range(steps):
-            token = torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias).argmax(-1)  # (1,)
-            tokens.append(token)
-            if step == steps - 1:
-                break
-            written = cache.layers[0]
-            unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
-            mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
-            mask = mask.masked_fill(unwritten, torch.finfo(h.dtype).min)
-            inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
-            h = layer_step(layer, rotary, inputs[None], positions[:, step:step + 1], mask[None, None, None], cache)[0]
-        return (torch.cat(tokens),)
+    def step(token, h, position, lm_weight, lm_bias, glob, cache):
+        written = cache.layers[0]
+        unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
+        mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
+        mask = mask.masked_fill(unwritten, torch.finfo(h.dtype).min)
+        inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
+        h = layer_step(layer, rotary, inputs[None], position, mask[None, None, None], cache)[0]
+        return torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias), h
 
-    return chain
+    return step

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmspec_cli.choices import ORACLE
-from mmspec_cli.decoding.drafter import Draft, Drafter, TreeDraft
+from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, TurnStart
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.errors import InputError
 
@@ -36,25 +36,21 @@ class OracleDrafter(Drafter):
         self.recorded = [list(tokens) for tokens in recorded]
         self.turn = -1
         self.current: list[int] = []
+        self.traits = DrafterTraits()
 
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
+    def begin_turn(self, turn: TurnStart) -> None:
         self.turn += 1
         self.current = self.recorded[self.turn] if self.turn < len(self.recorded) else []
 
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft:
         if not picker.greedy:
             raise InputError(NO_SAMPLING)
-        n = len(generated)
-        if self.current[:n] != list(generated):  # left the recording: nothing more to replay this turn
-            return Draft(tokens=[])
-        return Draft(tokens=self.current[n:n + gamma])
-
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        raise InputError(NO_TREES)
-
-    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
-                             picker: TokenPicker) -> TreeDraft:
-        raise InputError(NO_TREES)
+        if shape.tree:
+            raise InputError(NO_TREES)
+        n = len(verified)
+        if self.current[n - 1:n] != list(verified[n - 1:n]) or len(self.current) < n:
+            self.current = []  # left the recording: nothing more to replay this turn
+        return Draft(tokens=self.current[n:n + shape.length])
 
 
 NO_TREES = "the oracle drafter drafts chains (the recording is one path); drop --tree and --tree-width"

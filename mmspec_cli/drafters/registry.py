@@ -8,7 +8,9 @@ drafting with the target's first ``ssd.layer`` layers (FastVLM), through the pro
 when ``ssd.imitation`` names one (``ssd:plain``: never), which is never an ensemble member;
 ``eagle`` and ``vispec``, a trained draft head over the target's features (the profile's ``head:``),
 never ensemble members either; ``oracle``, a benchmarking drafter that replays a first ``ar`` run's output
-(:mod:`.oracle`; built from that recording, greedy only, chains only).
+(:mod:`.oracle`; built from that recording, greedy only, chains only); ``pld``, prompt-lookup decoding
+(:mod:`.pld`; no model drafts: it copies what followed an earlier occurrence of the last n-gram; chains only, never
+an ensemble member).
 ``m`` and ``t`` alone run on the plain cached-model path, which works with any
 image-text-to-text draft class; everything else runs as rows of one batched forward
 (:mod:`.rows`), whose image rows need a LLaVA-1.5-style or a Qwen-VL draft.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, PLD, SSD_PLAIN, tree_kind
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
@@ -29,7 +31,8 @@ from mmspec_cli.drafters.plain import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import check_row_images
 from mmspec_cli.drafters.head import HeadDrafter
-from mmspec_cli.drafters.oracle import NO_SAMPLING, NO_TREES, OracleDrafter
+from mmspec_cli.drafters.oracle import NO_SAMPLING, NO_TREES as ORACLE_TREES, OracleDrafter
+from mmspec_cli.drafters.pld import NO_TREES as PLD_TREES, PromptLookupDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
@@ -44,6 +47,7 @@ class DrafterPlan:
     self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
     head: str | None = None  # eagle / vispec: the kind of trained head that drafts; no draft model
     oracle: bool = False  # oracle: replays a first ar run; no model drafts
+    prompt_lookup: bool = False  # pld: copies from the prompt and the output so far; no model drafts
 
     @property
     def needs_draft(self) -> bool:
@@ -55,6 +59,9 @@ class DrafterPlan:
 
 
 def _letters(name: str, letters: str) -> tuple[str, ...]:
+    if PLD in letters:
+        raise InputError(f"drafter '{name}': pld can't be an ensemble member (ensemble members are rows of the draft "
+                         f"model's batch; pld runs no model, it copies from the prompt); use --drafter pld alone")
     for letter in letters:
         if letter == "s":
             raise InputError(f"drafter '{name}': ssd can't be an ensemble member (ensemble members are rows of the "
@@ -66,7 +73,8 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
                              f"features, with its own cache); use --drafter {head} alone")
         if letter not in MEMBER_LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
-                             f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or use ar")
+                             f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or name a drafter of its own: ar, ssd, "
+                             f"eagle, vispec, pld, oracle")
         if letters.count(letter) > 1:
             raise InputError(f"drafter '{name}' repeats '{letter}'; name each member once, e.g. mt")
     return tuple(letters)
@@ -85,6 +93,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         return DrafterPlan(name, (), adaptive=False, head=name)
     if name == ORACLE:
         return DrafterPlan(name, (), adaptive=False, oracle=True)
+    if name == PLD:
+        return DrafterPlan(name, (), adaptive=False, prompt_lookup=True)
     if name == "tabed":
         return DrafterPlan(name, tuple(default_members), adaptive=True)
     if name.startswith("tabed:"):
@@ -94,7 +104,7 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         return DrafterPlan(name, members, adaptive=True)
     if not name:
         raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle, "
-                         "vispec or oracle")
+                         "vispec, pld or oracle")
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
@@ -113,16 +123,22 @@ def parse_drafter_list(text: str, default_members: tuple[str, ...] = ("m", "t"),
     return names
 
 
-def check_oracle(names: list[str], greedy: bool, tree: str | None, tree_width: int,
-                 needs_ar_first: bool = True) -> None:
-    """``oracle`` replays ``ar``'s greedy chain: refused under sampling, with a tree, and (``needs_ar_first``: bench
-    and compare, which take ``ar``'s record) unless ``ar`` comes before it in ``names``."""
+#: Drafters that draft chains only, each with its refusal of a tree: a lookup or a replay gives one continuation.
+CHAIN_ONLY = {ORACLE: ORACLE_TREES, PLD: PLD_TREES}
+
+
+def check_chain_only(names: list[str], greedy: bool, tree: str | None, tree_width: int,
+                     needs_ar_first: bool = True) -> None:
+    """Refuse what the chain-only drafters among ``names`` can't do, before loading: a tree (``oracle``, ``pld``);
+    and for ``oracle``, which replays ``ar``'s greedy chain, sampling and (``needs_ar_first``: bench and compare,
+    which take ``ar``'s record) an order without ``ar`` before it."""
+    for name in names:
+        if name in CHAIN_ONLY and tree_kind(tree, tree_width) != "chain":
+            raise InputError(CHAIN_ONLY[name])
     if ORACLE not in names:
         return
     if not greedy:
         raise InputError(NO_SAMPLING)
-    if tree_kind(tree, tree_width) != "chain":
-        raise InputError(NO_TREES)
     if needs_ar_first and ("ar" not in names or names.index("ar") > names.index(ORACLE)):
         raise InputError("--drafters: oracle replays ar's output of the same sample; list ar before it, e.g. "
                          "--drafters ar,oracle,m")
@@ -153,6 +169,8 @@ def build_drafter(
     ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does), ``recorded`` the token
     ids per turn of a first ``ar`` run that ``oracle`` replays."""
     plan = parse_drafter(name, default_members)
+    if plan.prompt_lookup:
+        return PromptLookupDrafter(target)
     if plan.oracle:
         if recorded is None:
             raise InputError("drafter 'oracle' replays the output of a first ar run of the same input; run ar first "

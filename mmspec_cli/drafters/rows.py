@@ -1,8 +1,8 @@
 """Several prompt rows of ONE draft model, run as one batch (IbED Alg. 1, TABED Alg. 1).
 
-Each ensemble member is a row. Rows differ only in their prompt (the "head": how the
+Each ensemble member is a row. Rows differ only in their prompt (the row's *prefix*: how the
 images are shown to the draft); everything after it, the generated tokens and later turns'
-text, is the same for all rows ("shared" tokens). Heads are left-padded to a common length
+text, is the same for all rows ("shared" tokens). Prefixes are left-padded to a common length
 with an attention mask, and each row gets its own positions, so every draft step is one
 forward for all rows and each row computes what it would compute alone. Rolling back
 after verification rolls all rows' caches back together (one :class:`~mmspec_cli.decoding.kv_state.KVState`).
@@ -32,13 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, compiled_forward, shared_chain,
-                                          static_pool)
-from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, compiled_forward, static_pool
+from mmspec_cli.decoding.kv import LOST_STATE, common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.decoding.tree import PendingTree
-from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.errors import MmspecError, ModelLoadError
 from mmspec_cli.models.families import family_of
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.drafters.single import fit_vocab
@@ -173,30 +172,33 @@ def encoded_row_images(model, rows: Sequence[Row]) -> Any:
 
 
 class BatchedRows:
-    """The KV cache of a batch of rows: left-padded heads, then shared tokens fed to all rows."""
+    """The KV cache of a batch of rows: left-padded prefixes, then shared tokens fed to all rows.
+
+    At a turn's start, :meth:`begin` and :meth:`logits` keep what an earlier turn left (the one prefix
+    search); in a block, :meth:`extend` and :meth:`rollback` speak in lengths."""
 
     def __init__(self, model, image_token_id: int | None, kv: str = "dynamic"):
         self.model = model
         self.image_token_id = image_token_id
         self.family = family_of(model)
-        self.positions = self.family.positions()  # after the heads: each row's rope offset (B, 1) for M-RoPE
-        self.heads: list[list[int]] = []
-        self.pixels: list[dict[str, torch.Tensor]] = []  # each head's image tensors
+        self.positions = self.family.positions()  # after the prefixes: each row's rope offset (B, 1) for M-RoPE
+        self.prefixes: list[list[int]] = []
+        self.pixels: list[dict[str, torch.Tensor]] = []  # each prefix's image tensors
         self.rows: list[Row] = []  # the rows of the last prefill (a static state lost to another batch: re-fed)
         self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
         self.kv = "dynamic"
         self.state: KVState = DynamicKV(config=model.config)
         self.compiled: CompiledStep | None = None
-        self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (mixture_chain)
+        self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (rows_step)
         self.use_kv(kv)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.last_logits: torch.Tensor | None = None
-        self.head_logits: torch.Tensor | None = None
+        self.prefix_logits: torch.Tensor | None = None
         self.tree: PendingTree | None = None  # a token tree fed after the shared tokens, not settled yet
 
     @property
     def width(self) -> int:
-        return len(self.heads)
+        return len(self.prefixes)
 
     def use_kv(self, kv: str) -> None:
         """Keep the rows' KV state as ``kv`` says (``kv.KV_KINDS``): static, and compiled, when the target's is.
@@ -204,16 +206,17 @@ class BatchedRows:
         if kv != self.kv:
             self.kv = kv
             self.compiled = compiled_forward(self.model, "draft") if kv == "compiled" else None
-            self.chain = shared_chain(self.model, "mixture chain", self.compiled, lambda: mixture_chain(self.model)) \
+            self.chain = compiled_chain(self.model, "mixture chain", self.compiled, lambda: rows_step(self.model)) \
                 if kv == "compiled" else None
-            self.heads = []  # the next begin prefills into the new state
+            self.prefixes = []  # the next begin prefills into the new state
 
     def _pool(self, width: int | None = None):
         """The static pool of this model for a batch of ``width`` rows (default: the rows held)."""
         return static_pool(self.model, f"rows{self.width if width is None else width}")
 
     def _owned(self) -> bool:
-        """Whether the state still holds these rows (a static state another batch of rows used since does not)."""
+        """Whether the state still holds these rows (a static state another batch of rows used since does not).
+        At a turn's start only: in a block, :meth:`_still_held`."""
         if self.kv == "dynamic" or not self.width:
             return True
         self.state, mine = self._pool().claim(self, self.state.length + 1)
@@ -226,6 +229,11 @@ class BatchedRows:
             self._prefill(self.rows)
         return mine
 
+    def _still_held(self) -> None:
+        """In a block: the state must still hold these rows (:data:`~mmspec_cli.decoding.kv.LOST_STATE`)."""
+        if not self._owned():
+            raise MmspecError(LOST_STATE.format(role="draft"))
+
     def reserve(self, after: int) -> None:
         """Room in a static state for ``after`` more positions than the rows hold (at the start of a turn)."""
         if self.kv != "dynamic" and self.width and self._still_mine():
@@ -234,14 +242,14 @@ class BatchedRows:
     def begin(self, rows: Sequence[Row]) -> list[int]:
         """Use these rows' prompts; returns the shared tokens that must precede the generated ones.
 
-        When every new prompt extends its row's old head by the same tokens (a later turn of
-        the same conversation), the cached heads are kept and those tokens become shared.
+        When every new prompt extends its row's old prefix by the same tokens (a later turn of
+        the same conversation), the cached prefixes are kept and those tokens become shared.
         Otherwise the batch is prefilled anew.
         """
         self._drop_tree()
         same_images = all(same_tensors(_images(r), old) for r, old in zip(rows, self.pixels))
         if len(rows) == self.width and self.width and same_images and self._owned():
-            tails = [r.ids[len(h):] for r, h in zip(rows, self.heads) if r.ids[: len(h)] == h]
+            tails = [r.ids[len(h):] for r, h in zip(rows, self.prefixes) if r.ids[: len(h)] == h]
             if len(tails) == self.width and all(t == tails[0] for t in tails) and self.image_token_id not in tails[0]:
                 return list(tails[0])
         self._prefill(rows)
@@ -265,13 +273,13 @@ class BatchedRows:
         else:
             self.state = self._pool(len(rows)).claim(self, length)[0]
             self.state.reset()
-        self.heads = [list(r.ids) for r in rows]
+        self.prefixes = [list(r.ids) for r in rows]
         self.rows = list(rows)
         self.pixels = [_images(r) for r in rows]
         self.shared = []
         self.mask = mask
-        self.head_logits = self._forward(length, positions=positions, **inputs)
-        self.last_logits = self.head_logits
+        self.prefix_logits = self._forward(length, positions=positions, **inputs)
+        self.last_logits = self.prefix_logits
 
     def _embeddings(self, rows: Sequence[Row], length: int) -> torch.Tensor:
         """(B, L, H) left-padded input embeddings, images filled in by mmspec (LLaVA-1.5 drafts, pooled rows)."""
@@ -325,16 +333,17 @@ class BatchedRows:
         state.wrote(fresh)
         return out.logits[:, -1]
 
-    def _rollback(self, keep: int) -> None:
-        """Keep the heads and the first ``keep`` shared tokens in the cache and the mask."""
-        head_len = self.mask.shape[1] - len(self.shared)
-        self.state.rollback(head_len + keep)
-        self.mask = self.mask[:, : head_len + keep]
-        self.shared = self.shared[:keep]
+    def rollback(self, keep: int) -> None:
+        """Keep the prefixes and the first ``keep`` shared tokens in the cache and the mask."""
+        prefix_len = self.mask.shape[1] - len(self.shared)
+        self.state.rollback(prefix_len + keep)
+        self.mask = self.mask[:, : prefix_len + keep]
+        del self.shared[keep:]
 
     @torch.inference_mode()
     def logits(self, shared: Sequence[int]) -> torch.Tensor:
-        """Next-token logits (B, V) of every row after its head and ``shared``."""
+        """At a turn's start: next-token logits (B, V) of every row after its prefix and ``shared`` (the shared tokens
+        an earlier turn left are kept as far as they agree)."""
         self._drop_tree()
         self._still_mine()
         keep = common_prefix_length(self.shared, shared)
@@ -342,51 +351,61 @@ class BatchedRows:
             if keep == len(self.shared) and self.last_logits is not None:
                 return self.last_logits
             if keep == 0:
-                self._rollback(0)
-                self.last_logits = self.head_logits
-                return self.head_logits
+                self.rollback(0)
+                self.last_logits = self.prefix_logits
+                return self.prefix_logits
             keep -= 1  # re-feed the last token to get its logits
-        self._rollback(keep)
-        fresh = list(shared[keep:])
+        self.rollback(keep)
+        return self.extend(shared[keep:])
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+        """In a block: feed ``tokens`` to every row after the shared tokens held; the last one's logits (B, V)."""
+        self._drop_tree()
+        self._still_held()
+        fresh = list(tokens)
         ones = torch.ones(self.width, len(fresh), dtype=torch.long, device=self.mask.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, head + shared)
-        self.shared = list(shared)
+        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, prefix + shared)
+        self.shared.extend(fresh)
         ids = torch.tensor([fresh] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
         self.last_logits = self._forward(len(fresh), input_ids=ids)
         return self.last_logits
 
+    @property
+    def held(self) -> int:
+        """Shared tokens held."""
+        return len(self.shared)
+
     @torch.inference_mode()
-    def greedy_mixture_chain(self, token: int, steps: int, weights: torch.Tensor,
-                             vocab: int) -> tuple[list[int], torch.Tensor] | None:
-        """Feed ``token`` to every row after the shared tokens held, then ``steps`` − 1 more, each the argmax of the
-        rows' distributions over the target's ``vocab`` ids (softmax of ``single.fit_vocab``'s logits, as
-        ``ensemble.member_distributions`` gives them when greedy) mixed with ``weights``, in ONE compiled graph
-        (:func:`mixture_chain`). Returns the ``steps`` tokens chosen (the last not fed) and the member
+    def run_chain(self, first: tuple[torch.Tensor, torch.Tensor], steps: int, weights: torch.Tensor,
+                  vocab: int) -> tuple[list[int], torch.Tensor] | None:
+        """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of :func:`rows_step`, from ``first``
+        (the mixture after the shared tokens held, and the member distributions it mixes): every token but the
+        last is fed to every row, the state's write pointers moved by the graph. The tokens and the member
         distributions (steps, B, vocab) each was chosen from; None (nothing fed) when it can't: not compiled, a
-        tree pending, the state lost to another batch, or compiling failed."""
-        if self.chain is None or self.tree is not None or steps < 1 or not self._owned():
+        tree pending, the state not allocated yet, or compiling failed."""
+        if self.chain is None or self.tree is not None:
             return None
+        self._still_held()
         state = self.state
         if not state.allocated:
             return None
-        state.room_for(steps)
+        fed = steps - 1
+        state.room_for(fed)
         start = self.mask.sum(dim=1, keepdim=True).cpu()  # (B, 1) each row's real positions held
-        positions = self.positions.tree(start, torch.arange(steps)).to(self.model.device).contiguous()
+        positions = self.positions.tree(start, torch.arange(fed)).to(self.model.device).contiguous()
         visible = torch.zeros(self.width, state.capacity, dtype=torch.bool, device=self.model.device)
         visible[:, :self.mask.shape[1]] = self.mask.bool()
-        ids = torch.full((self.width, 1), token, dtype=torch.long, device=self.model.device)
-        key = ("chain", steps, vocab, self.width, state.capacity, positions.dim(), weights.dtype)
-        out = self.chain(key, ids, positions, visible, state.cache, weights.to(self.model.device), steps, vocab)
+        out = self.chain(first, visible, positions, steps, state.cache, weights.to(self.model.device), vocab)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         tokens = out[0].tolist()
-        state.wrote(steps)  # the graph moved the write pointers itself
-        fed = [token] + tokens[:-1]
-        self.shared = self.shared + fed
-        ones = torch.ones(self.width, steps, dtype=torch.long, device=self.mask.device)
+        state.wrote(fed)  # the graph moved the write pointers itself
+        self.shared.extend(tokens[:-1])
+        ones = torch.ones(self.width, fed, dtype=torch.long, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
-        self.last_logits = None  # the graph kept no logits: a call asking for the last fed token's re-feeds it
+        self.last_logits = None  # the graph kept no logits
         return tokens, out[1].clone()  # a CUDA graph's outputs are overwritten by its next replay
 
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
@@ -433,31 +452,26 @@ class BatchedRows:
             self.tree = None
 
 
-def mixture_chain(model) -> Callable:
-    """The greedy chain of a batch of member rows (``BatchedRows.greedy_mixture_chain``) as one function of the draft
-    model's parts, for one compiled graph per chain length: every row is fed the same token at its own position,
-    seeing its own unpadded head and the shared tokens (the additive mask the step-by-step rows build, from the
-    padding mask ``visible`` (B, capacity) and the cache's write pointer); the rows' softmax (TABED's q_k at
-    T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`), and its argmax is the next
-    token, for every row."""
+def rows_step(model) -> Callable:
+    """A batch of member rows' draft step as one function of the draft model's parts, for the compiled chain
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): every row is fed the same token (1,) at its own
+    ``position``, seeing its own unpadded prefix and the shared tokens (the additive mask the step-by-step rows
+    build, from the slots ``visible`` (B, capacity), the carry, and the cache's write pointer); the rows' softmax
+    (TABED's q_k at T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`). The proposal
+    is (mixture (V,), q_k (B, V)): the chain chooses the mixture's argmax and keeps q_k."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
     dtype = model.dtype  # the rows' additive masks are in the model's dtype (additive_step_mask)
 
-    def chain(ids, positions, visible, cache, weights, steps, vocab):
-        tokens, member_q = [], []
+    def step(token, visible, position, cache, weights, vocab):
         slots = torch.arange(visible.shape[1], device=visible.device)
-        for step in range(steps):
-            visible = visible | (slots == cache.layers[0].cumulative_length)[None]  # the entry this step writes
-            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-            mask = mask.masked_fill(~visible, torch.finfo(mask.dtype).min)[:, None, None, :]  # (B, 1, 1, capacity)
-            hidden = decoder(inputs_embeds=embed(ids), position_ids=positions[..., step:step + 1],
-                             attention_mask=mask, **with_cache(cache), use_cache=True).last_hidden_state
-            logits = fit_vocab(lm_head(hidden)[:, -1], vocab)  # (B, V)
-            q_k = torch.softmax(logits.to(working_dtype(logits)), dim=-1)
-            token = mixture(q_k, weights).argmax()
-            tokens.append(token)
-            member_q.append(q_k)
-            ids = token.expand(ids.shape).contiguous()
-        return torch.stack(tokens), torch.stack(member_q)
+        visible = visible | (slots == cache.layers[0].cumulative_length)[None]  # the entry this step writes
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        mask = mask.masked_fill(~visible, torch.finfo(mask.dtype).min)[:, None, None, :]  # (B, 1, 1, capacity)
+        ids = token.reshape(1, 1).expand(visible.shape[0], 1)
+        hidden = decoder(inputs_embeds=embed(ids), position_ids=position, attention_mask=mask, **with_cache(cache),
+                         use_cache=True).last_hidden_state
+        logits = fit_vocab(lm_head(hidden)[:, -1], vocab)  # (B, V)
+        q_k = torch.softmax(logits.to(working_dtype(logits)), dim=-1)
+        return (mixture(q_k, weights), q_k), visible
 
-    return chain
+    return step

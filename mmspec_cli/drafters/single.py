@@ -12,12 +12,15 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.prompts import ModelPrompt, process, text_only_ids
+from mmspec_cli.decoding.chain import DraftStep, draft_chain
+from mmspec_cli.decoding.compiled import compiled_chain
+from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.sampling import TokenPicker
-from mmspec_cli.decoding.drafter import Draft, Drafter
 from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.parts import text_decoder, with_cache
+from mmspec_cli.models.prompts import ModelPrompt, process, text_only_ids
 
 PromptView = Callable[[str, Sequence[Any]], ModelPrompt]
 
@@ -49,61 +52,92 @@ def proposal(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
     return logits if picker.greedy else picker.distribution(logits)
 
 
+def model_step(model: torch.nn.Module) -> Callable:
+    """A draft model's draft step as a function of its parts, for the compiled chain
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): feed one token (1,) at ``position`` after the state in
+    ``cache``; the next logits over the target's ``vocab`` ids (:func:`fit_vocab`)."""
+    decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
+
+    def step(token, carry, position, cache, vocab):
+        hidden = decoder(inputs_embeds=embed(token[None]), position_ids=position, **with_cache(cache),
+                         use_cache=True).last_hidden_state  # (1, 1, H)
+        return fit_vocab(lm_head(hidden)[0, -1], vocab), carry
+
+    return step
+
+
 class SingleModelDrafter(TreeDrafting, Drafter):
-    """Autoregressive drafting with the draft model's KV cache over one prompt view."""
+    """Autoregressive drafting with the draft model's KV cache over one prompt view.
+
+    Its cache holds the prompt view, the verified tokens but the last, and what the block fed of its draft;
+    ``accept`` rolls it back to the kept drafts, and the next block's catch-up feeds only the new verified tokens.
+    """
 
     def __init__(self, name: str, draft: LoadedModel, view: PromptView, target_vocab: int):
         self.name = name
         self.view = view
         self.target_vocab = target_vocab
-        self.runner = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
+        self.traits = DrafterTraits(models=(draft.model,))
+        self.cached = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
+        self.step = DraftStep(self._feed)
         self.prompt = ModelPrompt(ids=[])
+        self.prompt_fed = False  # whether the turn's prompt view is in the cache (after its first block)
+        self.base = 0  # the cache's length before the block's drafts
+        self.graphs = None  # the compiled chain of its step (--compile)
 
-    def models(self) -> list[Any]:
-        return [self.runner.model]
+    def begin_turn(self, turn: TurnStart) -> None:
+        """The draft's state is of the target's kind (static and compiled when the target's is); its prompt view."""
+        kv = turn.cached_target.kv
+        if kv != self.cached.kv:
+            model = self.cached.model
+            self.cached = CachedModel(model, role="draft", image_token_id=self.cached.image_token_id, kv=kv)
+            graphs = compiled_chain(model, "greedy chain", self.cached.compiled, lambda: model_step(model)) \
+                if kv == "compiled" else None
+            self.step = DraftStep(self._feed, compiled=self._compiled if graphs is not None else None)
+            self.graphs = graphs
+        self.prompt = self.view(turn.text, turn.images)
+        self.traits.prompt_views = [(self.cached.model, len(self.prompt.ids))]
+        self.cached.reserve(len(self.prompt.ids) + turn.room)
+        self.prompt_fed = False
 
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        self.prompt = self.view(prompt_text, images)
+    def _catch_up(self, verified: Sequence[int]) -> torch.Tensor:
+        """Feed the verified tokens the cache lacks; the logits after them (V,). The turn's first block feeds the
+        prompt view (what an earlier turn left is kept); later ones only the tokens since the last block."""
+        if self.prompt_fed:
+            logits = self.cached.extend(verified[self.cached.length - len(self.prompt.ids):], 1)[-1]
+        else:
+            logits = self.cached.logits(self.prompt.ids + list(verified), 1, self.prompt.vision,
+                                        prompt_len=len(self.prompt.ids))[-1]
+            self.prompt_fed = True
+        self.base = self.cached.length
+        return fit_vocab(logits, self.target_vocab)  # (V,)
 
-    def prompt_lengths(self) -> list[tuple[Any, int]]:
-        return [(self.runner.model, len(self.prompt.ids))]
+    def _feed(self, token: int, carry: None, i: int) -> tuple[torch.Tensor, None]:
+        return fit_vocab(self.cached.extend([token], 1)[-1], self.target_vocab), None
 
-    def bind_target(self, runner: CachedModel) -> None:
-        """The draft's state is of the target's kind: static and compiled when the target's is."""
-        if runner.kv != self.runner.kv:
-            self.runner = CachedModel(self.runner.model, role="draft", image_token_id=self.runner.image_token_id,
-                                      kv=runner.kv)
+    def _compiled(self, first: torch.Tensor, carry: None, steps: int) -> tuple[list[int], list] | None:
+        tokens = self.cached.run_chain(self.graphs, first, steps, self.target_vocab)
+        return None if tokens is None else (tokens, [None] * steps)
 
-    def reserve(self, after_prompt: int) -> None:
-        self.runner.reserve(len(self.prompt.ids) + after_prompt)
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
+        if shape.tree:
+            return self.draft_tree(verified, shape, picker)
+        tokens, drawn_from = draft_chain(self.step, self._catch_up(verified), None, shape.length, picker)
+        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        ids = self.prompt.ids + list(generated)
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
-        while len(tokens) < gamma:
-            if tokens and picker.greedy:  # compiled: the rest of a greedy chain in one graph
-                more = self.runner.greedy_chain(tokens[-1], gamma - len(tokens), self.target_vocab)
-                if more is not None:
-                    tokens += more
-                    break
-            logits = self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1]
-            logits = fit_vocab(logits, self.target_vocab)  # (V,)
-            token, probs = picker.choose(logits)
-            tokens.append(token)
-            if probs is not None:
-                dists.append(probs)
-            ids.append(token)
-        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+    def accept(self, kept: Kept) -> None:
+        """Keep the verified context and the kept drafts the block fed (a tree: its accepted path)."""
+        if kept.nodes is not None:
+            self.keep_path(kept.nodes)
+        else:
+            self.cached.rollback(min(self.cached.length, self.base + kept.count))
 
-    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        ids = self.prompt.ids + list(generated)
-        logits = self.runner.logits(ids, 1, self.prompt.vision, prompt_len=len(self.prompt.ids))[-1]
-        return proposal(fit_vocab(logits, self.target_vocab), picker)  # (V,)
+    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        return proposal(self._catch_up(verified), picker)  # (V,)
 
     def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes in the draft's cache, each seeing the prefix and its own branch."""
-        return proposal(fit_vocab(self.runner.tree_logits(tokens, parents), self.target_vocab), picker)  # (n, V)
+        return proposal(fit_vocab(self.cached.tree_logits(tokens, parents), self.target_vocab), picker)  # (n, V)
 
     def keep_fed(self, fed: Sequence[int]) -> None:
-        self.runner.keep_path(fed)
+        self.cached.keep_path(fed)

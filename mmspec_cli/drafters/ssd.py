@@ -44,7 +44,8 @@ from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 from mmspec_cli.models.prompts import ModelPrompt, process
-from mmspec_cli.decoding.drafter import Draft, Drafter
+from mmspec_cli.decoding.chain import DraftStep, draft_chain
+from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, TreeDraft, TurnStart
 from mmspec_cli.decoding.compiled import CompiledStep, shared_step
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.kv_state import KVState
@@ -139,43 +140,52 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
     def __init__(self, target: LoadedModel, layer: int, imitation: torch.nn.Module | None = None,
                  name: str = "ssd"):
         self.name = name
+        self.traits = DrafterTraits()  # no model of its own: the target's first layers, over the target's cache
         self.target = target
         self.layer = check_layer(layer, layer_count(target.model))
         self.imitation = imitation
         self.decoder = early_exit_decoder(target.model, self.layer, imitation)
         self.head = target.model.get_output_embeddings()
-        self.runner: CachedModel | None = None
+        self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
+        self.prompt_fed = False  # whether the target holds the turn's prompt (after its first block)
+        self.step = DraftStep(self._feed)
         self._view: KVState | None = None  # while a tree is drafted: the draft's view of the target's cache,
         self._context = 0  # the verified context it is cropped back to,
         self._tree: PendingTree | None = None  # and the tree's nodes in it
         self.compiled: CompiledStep | None = None
 
-    def bind_target(self, runner: CachedModel) -> None:
-        self.runner = runner
+    def begin_turn(self, turn: TurnStart) -> None:
+        self.cached_target = turn.cached_target
         self.compiled = None
-        if runner.kv == "compiled":  # the early exit's step, compiled over the target's static state
-            self.compiled = compiled_early_exit(runner.model, self.layer, self.imitation, self.decoder, self.head)
+        if turn.cached_target.kv == "compiled":  # the early exit's step, compiled over the target's static state
+            self.compiled = compiled_early_exit(turn.cached_target.model, self.layer, self.imitation, self.decoder,
+                                                self.head)
+        self.prompt = process(self.target.processor, turn.text, turn.images)
+        self.prompt_fed = False
 
-    def begin_turn(self, prompt_text: str, images: Sequence[Any]) -> None:
-        self.prompt = process(self.target.processor, prompt_text, images)
+    def _start(self, verified: Sequence[int]) -> tuple[int, KVState]:
+        """The cached context's length (every verified token but the last, which the draft feeds first) and the
+        draft's view of the target's cache. The turn's first block has the target hold the prompt first."""
+        cached_target = self.cached_target
+        if cached_target is None:
+            raise RuntimeError("SelfSpeculativeDrafter needs begin_turn before propose")
+        context = len(self.prompt.ids) + len(verified) - 1
+        if not self.prompt_fed:
+            ids = self.prompt.ids + list(verified)
+            cached_target.hold(ids[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
+            self.prompt_fed = True
+        elif cached_target.length != context:
+            raise RuntimeError(f"the target holds {cached_target.length} positions, {context} expected")
+        return context, cached_target.state.view(self.layer)
 
-    def _start(self, generated: Sequence[int]) -> tuple[list[int], int, KVState]:
-        """The verified ids, the cached context length, and the draft's view of the target's cache."""
-        runner = self.runner
-        if runner is None:
-            raise RuntimeError("SelfSpeculativeDrafter needs bind_target(runner) before propose")
-        verified = self.prompt.ids + list(generated)
-        context = len(verified) - 1  # the last verified token is fed by the draft (and again by verification)
-        # the target's cache holds the context (nothing to feed, unless a new turn or another decoder's use of a
-        # shared static state left it without), then only the context
-        runner.hold(verified[:context], vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), context))
-        return verified, context, runner.state.view(self.layer)
+    def _last(self, verified: Sequence[int]) -> int:
+        return verified[-1] if verified else self.prompt.ids[-1]
 
     def _logits(self, view: KVState, tokens: Sequence[int], **tree) -> torch.Tensor:
         """Logits (n, V) of the early exit for ``tokens`` fed after ``view`` (``tree``: mask and positions)."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.runner.device)  # (1, n)
-        tree.setdefault("position_ids", self.runner.positions.chain(view.length, len(tokens), ids.device))
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.cached_target.device)  # (1, n)
+        tree.setdefault("position_ids", self.cached_target.positions.chain(view.length, len(tokens), ids.device))
         if self.compiled is not None:
             compiled = self.compiled(view, ids, tree["position_ids"], tree.get("attention_mask"))
             if compiled is not None:
@@ -184,30 +194,33 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         return early_exit_logits(self.decoder, self.head, view, ids, **tree)  # (n, V)
 
     @torch.inference_mode()
-    def propose(self, generated: Sequence[int], gamma: int, picker: TokenPicker) -> Draft:
-        verified, context, view = self._start(generated)
-        tokens: list[int] = []
-        dists: list[torch.Tensor] = []
-        feed = verified[-1]
-        for _ in range(gamma):
-            feed, probs = picker.choose(self._logits(view, [feed])[-1])
-            tokens.append(feed)
-            if probs is not None:
-                dists.append(probs)
-        view.rollback(context)  # layers 0..n-1 back to the verified context: verification recomputes the block
-        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None)
+    def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
+        """A chain drafted in the view, given back before verification: layers 0..n-1 are rolled back to the verified
+        context at once (verification recomputes the block and must find the pointers there), so ``accept`` has
+        nothing to roll back."""
+        if shape.tree:
+            return self.draft_tree(verified, shape, picker)
+        context, self._view = self._start(verified)
+        first = self._logits(self._view, [self._last(verified)])[-1]
+        tokens, drawn_from = draft_chain(self.step, first, None, shape.length, picker)
+        self._view.rollback(context)  # layers 0..n-1 back to the verified context: verification recomputes the block
+        return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
+
+    def _feed(self, token: int, carry: None, i: int) -> tuple[torch.Tensor, None]:
+        return self._logits(self._view, [token])[-1], None
 
     @torch.inference_mode()
-    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        verified, self._context, self._view = self._start(generated)
-        self._tree = PendingTree(base=len(verified))  # the tree hangs off the last verified token, fed here
-        return proposal(self._logits(self._view, [verified[-1]])[-1], picker)  # (V,)
+    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+        self._context, self._view = self._start(verified)
+        self._tree = PendingTree(base=self._context + 1)  # the tree hangs off the last verified token, fed here
+        return proposal(self._logits(self._view, [self._last(verified)])[-1], picker)  # (V,)
 
     @torch.inference_mode()
     def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes through the shared layers, each seeing the prefix and its own branch."""
         nodes = self._tree.add(tokens, parents)
-        mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.runner.device, positions=self.runner.positions,
+        mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.cached_target.device,
+                                            positions=self.cached_target.positions,
                                             width=self._view.mask_width(len(nodes)))  # (1, 1, n, W), (1, n)
         return proposal(self._logits(self._view, tokens, attention_mask=mask, position_ids=positions), picker)
 

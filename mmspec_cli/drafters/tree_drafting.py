@@ -1,9 +1,10 @@
 """The loops that draft token trees, for every drafter that drafts trees: width-d trees (TABED §6.1)
 and EAGLE-2 dynamic trees (Li et al. 2024).
 
-A drafter supplies two steps and the loops do the rest:
+A drafter's ``propose`` hands a tree shape to :meth:`TreeDrafting.draft_tree`; it supplies two steps and the
+loops do the rest:
 
-- ``tree_root(generated, picker)``: the proposal at the last verified token, (V,);
+- ``tree_root(verified, picker)``: the proposal at the last verified token, (V,);
 - ``tree_level(tokens, parents, picker)``: feed one level of nodes (each seeing the prefix and
   its own ancestors) in ONE forward and return the proposal after each node, (n, V).
 
@@ -22,7 +23,8 @@ are chosen deterministically, greedy or sampling alike; the verifier's rule for 
 candidates keeps the target's distribution.
 
 Only some nodes are fed to the draft's cache; ``_fed`` maps a tree node to its number in the
-cache, so that ``keep_path`` keeps the accepted nodes the cache holds (``keep_fed``).
+cache, so that ``keep_path`` (called from the drafter's ``accept``) keeps the accepted nodes the cache holds
+(``keep_fed``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mmspec_cli.decoding.drafter import TreeDraft
+from mmspec_cli.decoding.drafter import DraftShape, TreeDraft
 from mmspec_cli.decoding.sampling import TokenPicker, draw_without_replacement
 from mmspec_cli.decoding.tree import ROOT, TreeTopology, best, rerank, top_children
 
@@ -50,9 +52,15 @@ def pick(proposal: torch.Tensor, picker: TokenPicker) -> int:
 
 
 class TreeDrafting:
-    """Mixin: ``propose_tree`` and ``propose_dynamic_tree`` from the drafter's ``tree_root`` and ``tree_level``."""
+    """Mixin: ``draft_tree`` (a width or a dynamic tree) from the drafter's ``tree_root`` and ``tree_level``."""
 
     _fed: dict[int, int] = {}
+
+    def draft_tree(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> TreeDraft:
+        """The tree ``shape`` asks for, after the ``verified`` tokens."""
+        if shape.kind == "dynamic":
+            return self.propose_dynamic_tree(verified, shape.length, shape.budget, shape.topk, picker)
+        return self.propose_tree(verified, shape.length, shape.width, picker)
 
     def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         raise NotImplementedError

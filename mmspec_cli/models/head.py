@@ -181,8 +181,12 @@ def image_runs(ids: Sequence[int], image_token_id: int | None, prompt_len: int) 
 
 def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, embeds: torch.Tensor,
                   first: int, image_token_id: int | None, prompt_len: int,
-                  glob: torch.Tensor | None = None, offset: int = 0) -> HeadSequence:
+                  glob: torch.Tensor | None = None, offset: int = 0,
+                  runs: list[tuple[int, int]] | None = None) -> HeadSequence:
     """Entries for pairs ``first .. len(ids) − 2``: pair p = (f_p, e_{p+1}).
+
+    ``runs``: the prompt's :func:`image_runs`, when the caller knows them already (a drafter computes them once a
+    turn: then only ``len(ids)`` is read of ``ids``).
 
     ``features`` (len(ids) − 1 − offset, H) the target's f_p and ``embeds`` (len(ids) − offset, H) its input
     embeddings e_p (projector outputs at image slots), both from position ``offset`` ≤ ``first`` on (a
@@ -191,7 +195,9 @@ def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, e
     .. t − 1, and feeds g of the latest image into every later text pair (``glob`` before ``first``).
     """
     last = len(ids) - 2
-    runs = image_runs(ids, image_token_id, prompt_len) if head.sees_images else []
+    if runs is None:
+        runs = image_runs(ids, image_token_id, prompt_len)
+    runs = runs if head.sees_images else []
     rows: list[torch.Tensor] = []
     positions: list[int] = []
     pairs: list[int] = []

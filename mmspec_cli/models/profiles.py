@@ -301,7 +301,7 @@ class DecodingSpec:
     top_p: float | None = _key(_optional(_number("a number in (0, 1]", lambda x: 0 < x <= 1)), None)
     top_k: int | None = _key(_optional(_integer(1)), None)
     seed: int | None = _key(_optional(_seed), None)
-    gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm
+    gamma_schedule: str = _key(_choice(*SCHEDULES), "constant")  # schedules.py: constant | heuristic | fastvlm | cost
     tree_width: int = _key(_integer(1, MAX_TREE_WIDTH), 1)  # token trees: branches per block (1 = a plain chain)
     tree: str | None = _key(_choice(None, *TREE_KINDS), None)  # null: width when tree_width > 1, else chain
     tree_budget: int = _key(_integer(2, MAX_TREE_BUDGET), 30)  # dynamic trees (EAGLE-2; ViSpec's 30, 3, 8)
@@ -592,12 +592,14 @@ class Override:
 #: Every override, declared once: the CLI builds its decoding flags from this table
 #: (``cli/options.py``), so a new decoding flag is one entry here plus its profile key.
 OVERRIDES: dict[str, Override] = {
-    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, ssd, eagle, vispec, or ar (no "
-                                                "drafting); oracle is a benchmark tool (replays ar's output)."),
+    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, ssd, eagle, vispec, pld (prompt "
+                                                "lookup, no draft model), or ar (no drafting); oracle is a benchmark "
+                                                "tool (replays ar's output)."),
     "gamma": Override("decoding.gamma", int, "N", f"Draft tokens per block (1-{MAX_GAMMA})."),
     "gamma_schedule": Override("decoding.gamma_schedule", str, "|".join(SCHEDULES), (
         "Draft length per block: constant γ; heuristic (+2 after a full accept, -1 otherwise, at most γ); "
-        "fastvlm (FastVLM Eq. 5, grows with the context from γ).")),
+        "fastvlm (FastVLM Eq. 5, grows with the context from γ); cost (the γ of most tokens per second from the "
+        "step costs `mmspec profile-latency` measured here and the acceptance so far; γ first).")),
     "ssd_layer": Override("ssd.layer", int, "N", "ssd: draft with the target's first N decoder layers "
                                                   "(see `mmspec select-layer`)."),
     "tree_width": Override("decoding.tree_width", int, "D", (

@@ -1,0 +1,106 @@
+"""The one chain loop: a drafter kind's draft step turned into a greedy or a sampled chain, eager or compiled.
+
+Every drafter that drafts a chain with a network (a draft model, a batch of member rows, a trained
+head, the target's early exit) writes one *draft step*, :class:`DraftStep`: what one forward gives for
+one token fed after its state. The first proposal of a block comes from the drafter's catch-up (the
+forward that feeds the verified tokens its state lacks); then
+
+    token₁ = choose(proposal₀); proposal₁ = step(token₁); token₂ = choose(proposal₁); ...
+
+until γ tokens are chosen. The last token is never fed: no draft step reads it. That loop is
+:func:`chain_loop`, and nothing else in mmspec loops over draft steps.
+
+**Eager or compiled** is decided in one place, :func:`draft_chain`: a greedy chain whose step has a
+compiled graph (``--compile``) runs :func:`chain_loop` inside ONE graph over the step's traced form (the
+graph is built by :func:`~mmspec_cli.decoding.compiled.compiled_chain`, from the same loop); a sampled
+chain, or one whose graph can't run now, runs the same loop eagerly, one forward per token.
+
+A *proposal* is what a token is chosen from: logits (a model or a head: the picker applies temperature
+and top-p), or a distribution already (an ensemble's mixture), with whatever the drafter keeps per
+token (an ensemble's member distributions) riding along.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec_cli.decoding.sampling import TokenPicker
+
+
+def chain_loop(first: Any, carry: Any, feed: Callable[[Any, Any, int], tuple[Any, Any]], steps: int,
+               choose: Callable[[Any], tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """THE chain loop: ``steps`` tokens, each chosen from the proposal before it, every token but the last fed.
+
+    ``first``: the proposal after the verified tokens; ``feed(token, carry, i)`` feeds the i-th chosen token and
+    returns the next proposal and the step's carry (a head's hidden state, the rows' visible slots); ``choose``
+    turns a proposal into (token, what to keep of it). Returns the tokens and what was kept of each proposal.
+    Eager, tokens are ints; inside a compiled graph, (1,)-tensors.
+    """
+    tokens, kept = [], []
+    proposal = first
+    for i in range(steps):
+        token, record = choose(proposal)
+        tokens.append(token)
+        kept.append(record)
+        if i + 1 < steps:
+            proposal, carry = feed(token, carry, i)
+    return tokens, kept
+
+
+def greedy_choice(proposal: Any) -> tuple[torch.Tensor, Any]:
+    """A compiled chain's choice: the argmax of the proposal's first part, as a (1,) tensor; the rest kept."""
+    if isinstance(proposal, tuple):
+        return proposal[0].reshape(-1).argmax().reshape(1), proposal[1]
+    return proposal.reshape(-1).argmax().reshape(1), None
+
+
+def picker_choice(picker: TokenPicker, from_logits: bool) -> Callable[[Any], tuple[int, Any]]:
+    """An eager chain's choice: logits through the picker (greedy argmax, or a draw at its temperature and top-p:
+    the draw's distribution kept), or a distribution itself (argmax, or a draw from it: itself kept); a proposal
+    that is a (proposal, extra) pair keeps (distribution, extra)."""
+
+    def choose(proposal: Any) -> tuple[int, Any]:
+        extra = None
+        if isinstance(proposal, tuple):
+            proposal, extra = proposal
+        if from_logits:
+            token, drawn_from = picker.choose(proposal)
+        else:
+            token = int(proposal.argmax()) if picker.greedy else picker.choose_from(proposal)
+            drawn_from = None if picker.greedy else proposal
+        return token, drawn_from if extra is None else (drawn_from, extra)
+
+    return choose
+
+
+@dataclass
+class DraftStep:
+    """One drafter kind's draft step, as :func:`draft_chain` runs it.
+
+    - ``feed(token, carry, i)``: feed one token eagerly after the owner's state (its bookkeeping included); the
+      next proposal and carry;
+    - ``from_logits``: whether proposals are logits (else distributions);
+    - ``compiled(first, carry, steps)``: the whole greedy chain in one compiled graph (the tokens, and what was
+      kept of each proposal, or None), the owner's bookkeeping included; None when it can't run now (not
+      compiled, a state not allocated yet, compiling failed): the loop then runs eagerly.
+    """
+
+    feed: Callable[[Any, Any, int], tuple[Any, Any]]
+    from_logits: bool = True
+    compiled: Callable[[Any, Any, int], tuple[list[int], Any] | None] | None = None
+
+
+def draft_chain(step: DraftStep, first: Any, carry: Any, gamma: int,
+                picker: TokenPicker) -> tuple[list[int], list[Any]]:
+    """A chain of ``gamma`` tokens from ``step``: in one compiled graph when greedy and the step has one that can run
+    now, else :func:`chain_loop` eagerly. Returns the tokens and what was kept of each proposal (the distribution a
+    sampled token was drawn from, an ensemble's member distributions)."""
+    if picker.greedy and step.compiled is not None and gamma > 1:
+        out = step.compiled(first, carry, gamma)
+        if out is not None:
+            return out
+    return chain_loop(first, carry, step.feed, gamma, picker_choice(picker, step.from_logits))
