@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, StaticLayer
 
 from mmspec_cli.decoding.chain import chain_loop, greedy_choice
 from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
@@ -241,13 +241,24 @@ def trace_key(args: tuple, switches: tuple = ()) -> tuple:
     return tuple(_traced_as(arg) for arg in args) + (switches,)
 
 
+#: The keys of caches whose every layer is a static one with its buffers allocated: those buffers never change
+#: shape, dtype or device again, so the key is computed once per cache (a cache is an argument of every step).
+_FIXED_CACHE_KEYS: "weakref.WeakKeyDictionary[Cache, tuple]" = weakref.WeakKeyDictionary()
+
+
 def _traced_as(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device)
     if isinstance(value, Cache):
-        return ("cache", type(value), tuple((type(layer), getattr(layer, "is_initialized", None),
-                                             _traced_as(getattr(layer, "keys", None)),
-                                             _traced_as(getattr(layer, "values", None))) for layer in value.layers))
+        key = _FIXED_CACHE_KEYS.get(value)
+        if key is None:
+            layers = value.layers
+            key = ("cache", type(value), tuple((type(layer), getattr(layer, "is_initialized", None),
+                                                _traced_as(getattr(layer, "keys", None)),
+                                                _traced_as(getattr(layer, "values", None))) for layer in layers))
+            if all(type(layer) is StaticLayer and layer.is_initialized for layer in layers):
+                _FIXED_CACHE_KEYS[value] = key
+        return key
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_traced_as(item) for item in value))
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):

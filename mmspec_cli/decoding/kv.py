@@ -97,6 +97,7 @@ class CachedModel:
         self.images_end = 0  # one past the last image placeholder the state holds with its pixels
         self.images_count = 0  # how many images the state holds
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
+        self.pool = None  # the model's static pool for this role (static_pool), found once
         self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else self._pool().claim(self, 1)[0]
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
@@ -114,7 +115,9 @@ class CachedModel:
         return len(self.ids)
 
     def _pool(self):
-        return static_pool(self.model, f"cached {self.role}")
+        if self.pool is None:
+            self.pool = static_pool(self.model, f"cached {self.role}")
+        return self.pool
 
     def _claim(self) -> KVState:
         """At a turn's start: the state, ready to use; a static one another cached model filled since is emptied (the

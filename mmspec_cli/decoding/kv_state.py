@@ -172,11 +172,13 @@ class StaticKV(KVState):
             if layer.is_initialized:
                 layer.cumulative_length.fill_(length)
 
-    @torch.inference_mode()
     def room_for(self, fed: int) -> None:
         """Make room for ``fed`` more positions: grow (reallocate, copying what is held) when they don't fit."""
-        if self.length + fed <= self.capacity:
-            return
+        if self.length + fed > self.capacity:  # checked before entering inference mode: a block calls this often
+            self._grow(fed)
+
+    @torch.inference_mode()
+    def _grow(self, fed: int) -> None:
         if self.parent is not None:  # a view grows its owner's state, then looks at the grown layers
             self.parent.room_for(self.length + fed - self.parent.length)
             self.cache = Cache(layers=list(self.parent.cache.layers[:len(self.cache.layers)]))

@@ -27,7 +27,7 @@ from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, 
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
-from mmspec_cli.drafters.plain import NoDrafter
+from mmspec_cli.drafters.autoregressive import NoDrafter
 from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import check_row_images
 from mmspec_cli.drafters.head import HeadDrafter

@@ -102,35 +102,35 @@ def early_exit_decoder(model: Any, layers: int, imitation: torch.nn.Module | Non
 
 
 def compiled_early_exit(model: Any, layer: int, imitation: torch.nn.Module | None, decoder: torch.nn.Module,
-                        head: torch.nn.Module) -> CompiledStep:
+                        lm_head: torch.nn.Module) -> CompiledStep:
     """The one compiled early-exit step of ``model`` at ``layer`` (through ``imitation``) in this process, over the
-    target's static state: ``decoder`` (:func:`early_exit_decoder`) and the LM ``head`` on ``ids, positions, mask,
+    target's static state: ``decoder`` (:func:`early_exit_decoder`) and the target's ``lm_head`` on ``ids, positions, mask,
     cache``. What ``ssd`` drafts with under ``--compile``, and what ``profile-latency --compile`` times."""
 
     def make():
         def early_exit(ids, positions, mask, cache):
             hidden = decoder(input_ids=ids, **with_cache(cache), use_cache=True, position_ids=positions,
                              attention_mask=mask).last_hidden_state
-            return (head(hidden),)
+            return (lm_head(hidden),)
         return early_exit
 
     name = f"ssd-{layer}-{id(imitation)}"  # one per layer and imitation network
     return shared_step(model, name, make, "ssd draft", model.device)
 
 
-def early_exit_logits(decoder: torch.nn.Module, head: torch.nn.Module, state: KVState, ids: torch.Tensor,
+def early_exit_logits(decoder: torch.nn.Module, lm_head: torch.nn.Module, state: KVState, ids: torch.Tensor,
                       position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
                       ) -> torch.Tensor:
     """Logits (n, V) of ``ids`` (1, n) fed after ``state`` (a view of the target's first layers:
     :meth:`~mmspec_cli.decoding.kv_state.KVState.view`) through an :func:`early_exit_decoder` and the target's LM
-    ``head``, at ``position_ids`` (default: the chain after the state) with a tree's ``attention_mask`` if given:
+    ``lm_head``, at ``position_ids`` (default: the chain after the state) with a tree's ``attention_mask`` if given:
     one draft step of ``ssd``, which ``profile-latency`` times."""
     if position_ids is None:
         position_ids = TEXT_POSITIONS.chain(state.length, ids.shape[1], ids.device)
     hidden = decoder(input_ids=ids, **with_cache(state.cache), use_cache=True, position_ids=position_ids,
                      attention_mask=attention_mask).last_hidden_state  # (1, n, H)
     state.wrote(ids.shape[1])
-    return head(hidden[0])  # (n, V)
+    return lm_head(hidden[0])  # (n, V)
 
 
 class SelfSpeculativeDrafter(TreeDrafting, Drafter):
@@ -145,7 +145,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.layer = check_layer(layer, layer_count(target.model))
         self.imitation = imitation
         self.decoder = early_exit_decoder(target.model, self.layer, imitation)
-        self.head = target.model.get_output_embeddings()
+        self.lm_head = target.model.get_output_embeddings()
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prompt_fed = False  # whether the target holds the turn's prompt (after its first block)
@@ -160,7 +160,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.compiled = None
         if turn.cached_target.kv == "compiled":  # the early exit's step, compiled over the target's static state
             self.compiled = compiled_early_exit(turn.cached_target.model, self.layer, self.imitation, self.decoder,
-                                                self.head)
+                                                self.lm_head)
         self.prompt = process(self.target.processor, turn.text, turn.images)
         self.prompt_fed = False
 
@@ -191,7 +191,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
             if compiled is not None:
                 return compiled[0][0]  # (n, V)
         view.room_for(len(tokens))
-        return early_exit_logits(self.decoder, self.head, view, ids, **tree)  # (n, V)
+        return early_exit_logits(self.decoder, self.lm_head, view, ids, **tree)  # (n, V)
 
     @torch.inference_mode()
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
