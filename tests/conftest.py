@@ -67,3 +67,10 @@ def joint(tiny_models):
     from tests.distributions import exact_joint
 
     return exact_joint(tiny_models["target"])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """``MMSPEC_CACHE`` in a fresh folder under ``tmp_path``; ``tmp_path``."""
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path

@@ -82,14 +82,21 @@ def assert_one_line_error(result, fragment: str, code: int = 2, stdout_allowed: 
     return line
 
 
-def own_generate(target, questions: Sequence[str], answers: Sequence[str], counts: Sequence[int], images: Sequence,
-                 max_new_tokens: int = MAX_NEW) -> list[int]:
-    """The target's own greedy ``generate`` on the prompt mmspec builds for the turn after ``answers``, its user
-    turns showing ``counts`` of ``images`` (in order)."""
-    text = render_prompt(target.processor, questions, answers, list(counts))
+def own_generate(target, questions: Sequence[str], answers: Sequence[str], counts: int | Sequence[int],
+                 images: Sequence, max_new_tokens: int = MAX_NEW) -> list[int]:
+    """THE reference of every greedy test: the target's own ``generate(do_sample=False)`` on the prompt mmspec builds
+    for the turn after ``answers``, its user turns showing ``counts`` of ``images`` in order (an int: all of them in
+    the first turn), the images passed as one sample, as ``apply_chat_template(tokenize=True)`` passes them."""
+    text = render_prompt(target.processor, questions, answers, counts if isinstance(counts, int) else list(counts))
     inputs = target.processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
     out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def reference(target, questions: Sequence[str], answers: Sequence[str], n_images: int,
+              max_new_tokens: int = MAX_NEW) -> list[int]:
+    """:func:`own_generate` over ``n_images`` of the tiny test images."""
+    return own_generate(target, questions, answers, n_images, tiny.images(n_images), max_new_tokens)
 
 
 def image_in_second_turn(target, drafter, draft, opening: Sequence, brought: Sequence, max_new_tokens: int = MAX_NEW,
@@ -103,3 +110,29 @@ def image_in_second_turn(target, drafter, draft, opening: Sequence, brought: Seq
            own_generate(target, [QUESTION, FOLLOW_UP], [first.text], [len(opening), len(brought)],
                         list(opening) + list(brought), max_new_tokens)]
     return [first.token_ids, second.token_ids], own
+
+
+def begin_turn(decoder: SpeculativeDecoder, text: str, images: Sequence, room: int = 64) -> None:
+    """The engine's turn start, for a test that drives ``decoder``'s drafter by hand: the drafter is given the turn
+    with the decoder's cached target, and the block's next verification feeds the prompt."""
+    from mmspec_cli.decoding.drafter import TurnStart
+
+    decoder.step.begin_turn()
+    decoder.drafter.begin_turn(TurnStart(text, images, decoder.cached_target, room))
+
+
+def after_block(decoder: SpeculativeDecoder, prompt, verified: list[int], kept: int = 0) -> None:
+    """What a block leaves for the next one, for a test that drives a drafter by hand: the drafter keeps ``kept`` of
+    its drafts, and the target holds the prompt and every ``verified`` token but the last."""
+    from mmspec_cli.decoding.drafter import Kept
+
+    decoder.drafter.accept(Kept(kept))
+    decoder.cached_target.hold(prompt.ids + verified[:-1], vision=prompt.vision, prompt_len=len(prompt.ids))
+    decoder.step.prompt_fed = True
+
+
+def chain(gamma: int):
+    """A block's request for a chain of ``gamma`` tokens."""
+    from mmspec_cli.decoding.drafter import DraftShape
+
+    return DraftShape(gamma)

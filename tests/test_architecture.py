@@ -165,14 +165,22 @@ def defined_names() -> set[str]:
     return names
 
 
+def test_the_drafter_contract_has_six_members():
+    """What the engine asks of a drafter: a name, its declared traits, and four verbs of the block."""
+    from mmspec_cli.decoding.drafter import Drafter
+
+    members = {name for name in vars(Drafter) if not name.startswith("_")} | set(Drafter.__annotations__)
+    assert members == {"name", "traits", "begin_turn", "propose", "accept", "observe"}
+
+
 def test_how_to_add_a_drafter_names_every_method_a_drafter_implements_and_nothing_that_is_gone():
     from mmspec_cli.decoding.drafter import Drafter
     from mmspec_cli.drafters.tree_drafting import TreeDrafting
 
     text = section("How to add a drafter")
     named = set(re.findall(r"`(\w+)(?:\(\))?`", text))
-    needed = set(Drafter.__abstractmethods__) | hooks(TreeDrafting)
-    assert {"begin_turn", "propose", "propose_tree", "tree_root", "tree_level", "keep_fed", "tree_done"} <= needed
+    needed = set(Drafter.__abstractmethods__) | hooks(Drafter) | hooks(TreeDrafting) | {"draft_tree"}
+    assert {"begin_turn", "propose", "accept", "observe", "tree_root", "tree_level", "keep_fed", "tree_done"} <= needed
     assert needed <= named, f"'How to add a drafter' should name {sorted(needed - named)}"
     gone = named - defined_names()
     assert not gone, f"'How to add a drafter' names {sorted(gone)}, which mmspec_cli no longer defines"

@@ -5,6 +5,8 @@ Every run uses the tiny float64 LLaVA models of ``conftest.py`` on CPU.
 
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +108,33 @@ def test_ar_gives_the_same_tokens_and_no_acceptance_rate(files):
     ar = run_json(files, "-q", QUESTION, "--drafter", "ar")
     assert ar["drafter"] == "ar" and ar["stats"]["acceptance_rate"] is None
     assert ar["turns"][0]["token_ids"] == m["turns"][0]["token_ids"]
+
+
+def test_gamma_schedule_cost_says_when_nothing_is_measured_and_drafts_from_the_cached_costs(files, tiny_dirs,
+                                                                                           tmp_path, monkeypatch):
+    from mmspec_cli.bench import latency
+
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    args = (*files["images"], "--profile", files["profile"], "--json", "-q", QUESTION, "--threads", "1", "--gamma", "4")
+    constant = invoke(*args)
+    unmeasured = invoke(*args, "--gamma-schedule", "cost")
+    assert unmeasured.exit_code == 0, unmeasured.stderr
+    [note] = [line for line in unmeasured.stderr.splitlines() if line.startswith("note:")]
+    assert note.startswith("note: --gamma-schedule cost has no step costs measured on this machine (cpu-")
+    assert note.endswith(f"it uses the constant γ = 4 (run mmspec profile-latency --profile {files['profile']} "
+                         f"--threads 1 first)")
+    [unmeasured_turn], [constant_turn] = json.loads(unmeasured.stdout)["turns"], json.loads(constant.stdout)["turns"]
+    assert unmeasured_turn["blocks"] == constant_turn["blocks"]  # the constant γ
+    # verification priced at 10 ms per token: γ = 1 gives the most tokens per ms once a block was verified
+    latency.save(latency.LatencyResult(latency.device_name("cpu", 1), tiny_dirs["target"], tiny_dirs["perturbed"],
+                                       {f"{s},{n}": 10.0 * n for s in (16, 256) for n in range(1, 8)},
+                                       {"1,16": 0.5, "1,256": 0.5}))
+    measured = invoke(*args, "--gamma-schedule", "cost")
+    assert measured.exit_code == 0 and "note: --gamma-schedule" not in measured.stderr, measured.stderr
+    [turn] = json.loads(measured.stdout)["turns"]
+    assert turn["token_ids"] == constant_turn["token_ids"]  # lossless
+    drafted = [len(block["draft"]) for block in turn["blocks"]]
+    assert drafted[0] == 4 and 1 in drafted[1:] and set(drafted[1:]) <= {0, 1}
 
 
 def test_ensemble_blocks_carry_their_weights(files):
@@ -511,3 +540,102 @@ def test_a_reader_gone_from_the_pipe_ends_a_command_quietly(tmp_path, monkeypatc
     monkeypatch.setattr(typer, "echo", gone)
     result = runner.invoke(app, ["bench", "--summarize", str(records), "--format", "json"])
     assert (result.exit_code, result.stderr, len(written)) == (1, "", 1)
+
+
+# --------------------------------------------------------------------------- a closed stdout
+
+
+def mmspec_with_stdout_closed(*args: str) -> subprocess.CompletedProcess:
+    """``mmspec ARGS >&-`` through the console entry point, with this worktree's code."""
+    command = " ".join(["exec", sys.executable, "-c", "'from mmspec_cli.cli.app import main; main()'",
+                        *(f"'{a}'" for a in args), ">&-"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(["sh", "-c", command], capture_output=False, stderr=subprocess.PIPE, text=True, env=env,
+                          timeout=300)
+
+
+def test_generate_with_stdout_closed_runs_to_the_end(files):
+    done = mmspec_with_stdout_closed("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"])
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "isatty" not in done.stderr
+    assert "new tokens" in done.stderr  # the summary line still reaches stderr
+
+
+def test_bench_summarize_with_stdout_closed_exits_with_its_own_code(tmp_path):
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"id": "a", "category": "x", "drafter": "m", "error": "boom"}) + "\n")
+    done = mmspec_with_stdout_closed("bench", "--summarize", str(records))
+    assert done.returncode == 1, done.stderr  # a failed sample, as with stdout open
+    assert "Traceback" not in done.stderr and "NoneType" not in done.stderr
+
+
+def test_is_terminal_is_false_for_missing_or_closed_streams(tmp_path):
+    from mmspec_cli.cli.display import is_terminal
+
+    closed = open(tmp_path / "f", "w")
+    closed.close()
+    assert not is_terminal(None) and not is_terminal(closed) and not is_terminal(object())
+
+
+# --------------------------------------------------------------------------- flag errors and help
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["generate", "--gamma", "five"], "error: --gamma: 'five' is not a valid integer; see `mmspec generate --help`"),
+    (["compare", "--temperature", "warm"], "error: --temperature: 'warm' is not a valid number"),
+    (["profile-latency", "--repeat", "x" * 300], "error: --repeat: 'xxxxxxxx"),
+    (["generate", "--no-such-flag"], "error: No such option: --no-such-flag"),
+    (["no-such-command"], "error: No such command 'no-such-command'"),
+])
+def test_type_and_usage_errors_are_one_line(args, expected):
+    line = assert_one_line_error(runner.invoke(app, args), "")
+    assert line.startswith(expected) and len(line) < 160  # a long bad value is quoted cut short
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["compare"], ["bench"], ["profile-latency"],
+                                     ["select-layer"]])
+def test_flags_show_no_metavar_in_help(command):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "--help" in result.stdout
+    assert "<bool>" not in result.stdout
+
+
+# --------------------------------------------------------------------------- progress bars at 80 and 60 columns
+
+
+def rendered(progress, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    with console.capture() as capture:
+        console.print(progress.make_tasks_table(progress.tasks))
+    return capture.get()
+
+
+TIME = r"\d+:\d\d:\d\d"
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_bench_bar_keeps_count_elapsed_and_eta_readable(width):
+    from mmspec_cli.bench.progress import BenchProgress
+
+    bar = BenchProgress(400, ["ar", "m", "t", "tabed:mtcp"], enabled=True,
+                        console=Console(file=io.StringIO(), width=width))
+    for drafter, blocks in (("ar", 30), ("m", 10), ("t", 11), ("tabed:mtcp", 9)):
+        bar.turn_done({"drafter": drafter, "new_tokens": 30, "blocks": blocks})
+    bar.sample("llava-bench-in-the-wild-[042]-a-long-sample-id", "tabed:mtcp")
+    [line] = rendered(bar._progress, width).splitlines()
+    assert len(line) <= width
+    assert re.search(rf" 4/400 {TIME} ETA {TIME} ", line), line  # whole, not cut to "…"
+    assert line.startswith("tabed:mt") and "…" in line  # the description (drafter first) and the τ note gave way
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_train_head_bar_keeps_count_elapsed_and_eta_readable(width):
+    from mmspec_cli.training.progress import Phase
+
+    phase = Phase("training vispec head", 12000, done=250, enabled=True)
+    phase.note("loss 0.123 top-1 0.456 | pass 3: loss 0.789 top-1 0.321 and more text to make it long")
+    phase.advance(3)
+    [line] = rendered(phase._progress, width).splitlines()
+    assert len(line) <= width
+    assert re.search(rf"  253/12000 {TIME} ETA ({TIME}|-:--:--) ", line), line
+    assert "…" in line

@@ -21,7 +21,7 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.models.profiles import load_profile
 
-from tests.helpers import tiny_files
+from tests.helpers import save_images, tiny_files, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 12
@@ -300,3 +300,11 @@ def test_rich_report_colours_outputs_and_draws_the_weights(tiny_models):
 def test_rich_report_shows_the_divergence(tiny_models):
     text = render(synthetic_outcome(tiny_models["target"].tokenizer, diverge=True), color=False)
     assert "NOT IDENTICAL" in text and "differ from ar: tabed" in text
+
+
+def test_compare_counts_one_drafter_in_the_singular(tiny_dirs, tmp_path):
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=3)
+    [image] = save_images(tmp_path, 1)
+    result = runner.invoke(app, ["compare", image, "-q", "what?", "--drafters", "ar", "--profile", profile])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0].endswith(", 1 drafter")

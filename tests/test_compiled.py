@@ -16,6 +16,8 @@ import os
 from types import SimpleNamespace
 
 import pytest
+
+from mmspec_cli.errors import MmspecError
 import torch
 from transformers import DynamicCache, LlamaConfig, MistralConfig, StaticCache
 from typer.testing import CliRunner
@@ -37,7 +39,7 @@ from tests.helpers import (
     speculative_decoder,
     tiny_files,
 )
-from tests.test_engine_greedy import reference
+from tests.helpers import reference
 from tests.test_heads import random_head
 
 runner = CliRunner()
@@ -74,13 +76,13 @@ def test_the_static_state_gives_the_targets_own_tokens(tiny_models, first_turn, 
 def caches(decoder) -> dict[str, object]:
     """Every KV cache a decoder's target and drafter hold, by owner."""
     drafter = decoder.drafter
-    found = {"target": decoder.runner.cache}
+    found = {"target": decoder.cached_target.cache}
     if hasattr(drafter, "rows"):
         found["rows"] = drafter.rows.state.cache
     elif isinstance(drafter, HeadDrafter):
         found["head"] = drafter.state.cache
-    elif hasattr(drafter, "runner") and drafter.runner is not decoder.runner:
-        found["draft"] = drafter.runner.cache
+    elif hasattr(drafter, "cached") and drafter.cached is not decoder.cached_target:
+        found["draft"] = drafter.cached.cache
     return found
 
 
@@ -125,7 +127,7 @@ def test_a_head_drafter_can_be_bound_to_a_used_static_state_outside_inference_mo
     """A head's decoder resets the target's state when it binds (features from the start); the state's
     pointers were made under inference mode, where decoding grows a state."""
     target = tiny_models["target"]
-    state = speculative_decoder(target, "ar", kv="static").runner.state
+    state = speculative_decoder(target, "ar", kv="static").cached_target.state
     with torch.inference_mode():
         state.room_for(state.capacity + 1)
     for _ in range(2):
@@ -151,25 +153,24 @@ def test_ssd_drafts_a_large_tree_near_the_end_of_a_static_state(tiny_dirs):
                 for kv in ("static", "dynamic")}
     outputs = {kv: d.generate(tiny.images(1), [question]).turns[0].token_ids for kv, d in decoders.items()}
     assert outputs["static"] == outputs["dynamic"] and len(outputs["static"]) == max_new_tokens
-    assert decoders["static"].runner.state.capacity > MIN_CAPACITY  # it grew, through the view
+    assert decoders["static"].cached_target.state.capacity > MIN_CAPACITY  # it grew, through the view
 
 
-def test_interleaved_decoders_keep_their_acceptance_over_a_shared_static_state(tiny_models):
-    """Two decoders of one target stepped block by block take the one static state in turns: each re-reads what
-    it lost, so ssd's drafts (which read the target's own cache) stay as good as alone."""
+def test_a_decoder_that_loses_its_static_state_in_a_turn_says_so(tiny_models):
+    """Two decoders of one target stepped block by block would take the one static state from each other in the
+    middle of a turn: the one that finds it taken stops with one line, instead of re-encoding its prompt in silence;
+    turns run one after another share the state as before."""
     import itertools
 
+    from mmspec_cli.decoding.kv import LOST_STATE
+
     target, draft = tiny_models["target"], tiny_models["perturbed"]
-
-    def accepted(events):
-        return [e.accepted for e in events if isinstance(e, BlockVerified)]
-
     ssd = {"build": {"ssd_layer": 1}}
-    alone = accepted(speculative_decoder(target, "ssd", draft, gamma=3, kv="static", **ssd).stream(tiny.images(1), TURNS))
     mine = speculative_decoder(target, "ssd", draft, gamma=3, kv="static", **ssd).stream(tiny.images(1), TURNS)
     other = speculative_decoder(target, "ar", draft, kv="static").stream(tiny.images(2), TURNS)
-    interleaved = [x for x, _ in itertools.zip_longest(mine, other) if x is not None]
-    assert accepted(interleaved) == alone
+    with pytest.raises(MmspecError, match="used by another decoder in the middle of this turn") as raised:
+        list(itertools.chain.from_iterable(itertools.zip_longest(mine, other)))
+    assert str(raised.value) == LOST_STATE.format(role="target") and "\n" not in str(raised.value)
 
 
 def test_a_dropped_model_is_not_kept_alive_by_its_static_state(tmp_path):
@@ -190,7 +191,7 @@ def test_a_dropped_model_is_not_kept_alive_by_its_static_state(tmp_path):
 def test_a_static_state_grows_when_a_turn_needs_more(tiny_models, first_turn):
     target = tiny_models["target"]
     decoder = speculative_decoder(target, "ar", kv="static")
-    state = decoder.runner.state
+    state = decoder.cached_target.state
     state.rollback(0)
     state.room_for(state.capacity + 1)  # forces the next claim to copy what it holds into a bigger one
     assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
@@ -210,7 +211,7 @@ def test_compiling_is_left_out_of_block_and_turn_times(monkeypatch):
 
     log = compiled_module.CompileLog()
     monkeypatch.setattr(timing, "COMPILE_LOG", log)
-    laps, clock = timing.Laps(), timing.TurnClock(SimpleNamespace(caption_seconds=0.0))
+    laps, clock = timing.Laps(), timing.TurnClock(SimpleNamespace(traits=SimpleNamespace(caption_seconds=0.0)))
     time.sleep(0.05)
     log.add("target", (8, False, 512, 1), 0.04)  # 40 of the 50 ms went to compiling
     assert 0.0 < laps.lap() < 0.03 and 0.0 < clock.decoding_s < 0.03
@@ -302,7 +303,8 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(compiled,
             (drafter, tree)
     step = compiled_module.compiled_forward(target.model, "target")
     assert step.failed is None
-    assert {(1, False), (4, False), (8, True)} <= {shape[:2] for shape in step.graphs.traced}  # chains and trees
+    # chains and trees: (padded size, whether a mask was passed), from each graph's trace key
+    assert {(1, False), (4, False), (8, True)} <= {(key[0][1][1], key[2][0] == "tensor") for key in step.graphs.traced}
     assert {"draft", "head", "ssd draft"} <= set(compiled_module.LOG.sizes)
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
@@ -326,7 +328,7 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
         assert turns[0].token_ids == first_turn, kv
         tokens[kv] = [turn.token_ids for turn in turns]
         drafts[kv] = [(block.draft, block.weights) for turn in turns for block in turn.blocks]
-        holder = decoder.drafter if head is not None else getattr(decoder.drafter, "rows", None) or decoder.drafter.runner
+        holder = decoder.drafter if head is not None else getattr(decoder.drafter, "rows", None) or decoder.drafter.cached
         state = holder.state
         # the real entries: a batch of rows is left-padded, and a padding slot's keys are never attended to
         real = holder.mask.bool() if hasattr(holder, "mask") else torch.ones(1, state.length, dtype=torch.bool)
@@ -334,8 +336,9 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
     assert drafts["compiled"] == drafts["static"]
     assert tokens["compiled"] == tokens["static"] == run(target, drafter, draft, heads=compiled["heads"])  # dynamic
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(keys["compiled"], keys["static"], strict=True))
-    # the compiled decoder's chain ran as one graph: a head's whole chain, a draft model's after its first token
-    assert any(key[:2] == ("chain", GAMMA if head is not None else GAMMA - 1) for key in holder.chain.traced)
+    # the compiled decoder's chain of γ tokens ran as one graph (its length is the fourth argument's value)
+    chain = holder.chain if hasattr(holder, "chain") else decoder.drafter.graphs
+    assert any(key[3] == (int, GAMMA) for key in chain.traced)
 
 
 @pytest.mark.parametrize("drafter", ["m", "eagle"])
@@ -368,6 +371,23 @@ def test_a_steps_graph_is_built_with_options_torch_compile_accepts(device):
     assert options.get("cpp_wrapper") is (None if device == "cuda" else True)
 
 
+def test_a_call_unlike_its_graphs_trace_gets_a_graph_of_its_own():
+    """Graphs run without guards, so the key picks the graph: a call whose shape, dtype, strides or baked number
+    differ from every trace so far is traced anew (its result is the eager one), never replayed on another's graph."""
+
+    def scaled(x, times):
+        return (x * times + x.sum(),)
+
+    graphs = compiled_module.CompiledGraphs(scaled, "target", torch.device("cpu"))
+    calls = [(torch.arange(4.0), 2), (torch.arange(3.0), 2), (torch.arange(4, dtype=torch.float64), 2),
+             (torch.arange(8.0)[::2], 2), (torch.arange(4.0), 3), (torch.arange(4.0) + 1, 2)]
+    for x, times in calls:
+        torch.testing.assert_close(graphs(x, times)[0], scaled(x, times)[0], rtol=0, atol=0)
+    assert len(graphs.traced) == len(calls) - 1  # the last call is like the first: its graph is replayed
+    with pytest.raises(TypeError, match="no key"):
+        compiled_module.trace_key((object(),))
+
+
 def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeypatch):
     """transformers' SDPA attention decides at trace time whether to pass ``enable_gqa`` or to copy the key/value
     heads once per query head (a copy of the whole static cache of each layer, every step). A CPU graph is traced
@@ -387,12 +407,12 @@ def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeyp
 
     graphs = compiled_module.CompiledGraphs(attends_groups, "target", torch.device("cpu"))
     assert graphs.grouped_query
-    assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # traced with the switch on
+    assert graphs(torch.zeros(2))[0].item() == 1  # traced with the switch on
     assert compiled_module.FORCE_GQA not in os.environ
-    assert graphs(("size", 1), torch.zeros(2))[0].item() == 1  # the graph kept it
+    assert graphs(torch.zeros(2))[0].item() == 1  # the graph kept it
     repeated = compiled_module.CompiledGraphs(attends_groups, "target", torch.device("cpu"))
     repeated.grouped_query = False  # what a CUDA graph does
-    assert repeated(("size", 1), torch.zeros(2))[0].item() == 0
+    assert repeated(torch.zeros(2))[0].item() == 0
     monkeypatch.setenv(compiled_module.FORCE_GQA, "0")
     first, second = compiled_module.grouped_query_attention(), compiled_module.grouped_query_attention()
     first.__enter__()

@@ -16,6 +16,7 @@ from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import render_prompt, text_only_ids
+from tests.helpers import own_generate
 
 IMAGE, PATCH = 32, 8
 
@@ -59,9 +60,7 @@ def test_training_lowers_the_loss_and_the_saved_pair_decodes_losslessly(tmp_path
     sample = tasks.suite("demo-single", 1)[0]
 
     images = [render(scene, IMAGE) for scene in sample.images]
-    text = render_prompt(t.processor, sample.questions[:1], [], 1)
-    inputs = t.processor(images=[images], text=text, return_tensors="pt")
-    ref = t.model.generate(**inputs, do_sample=False, max_new_tokens=16)[0, inputs["input_ids"].shape[1]:].tolist()
+    ref = own_generate(t, sample.questions[:1], [], 1, images, 16)
     out = SpeculativeDecoder(t, build_drafter("tabed", t, loaded["draft"]), gamma=3, max_new_tokens=16).generate(
         images, sample.questions[:1])
     assert out.turns[0].token_ids == ref

@@ -3,6 +3,8 @@ and losslessness end to end for every drafter that drafts trees."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -13,10 +15,11 @@ from mmspec_cli.decoding.verify import (PathVerdict, draw_rows, verify_any_tree_
                                         verify_any_tree_sampling_batch)
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.profiles import apply_overrides, profile_from_dict
 from tests import tiny
 from tests.helpers import (FOLLOW_UP, QUESTION, assert_one_line_error, one_hot_logits, save_images, speculative_decoder,
                            write_profile)
-from tests.test_engine_greedy import reference
+from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, ToyModel, chi_square_p_value, sampled_pairs
 
 VISPEC = dict(tree="dynamic", tree_budget=30, tree_depth=3, tree_topk=8)
@@ -210,9 +213,14 @@ def test_every_kept_node_scores_its_path_as_the_draft_alone_would(tiny_models):
     from mmspec_cli.models.prompts import render_prompt
 
     target, draft = tiny_models["target"], tiny_models["perturbed"]
-    drafter = build_drafter("m", target, draft)
-    drafter.begin_turn(render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
-    tree = drafter.propose_dynamic_tree([], levels=4, budget=40, topk=3, picker=TokenPicker(SamplingParams()))
+    from mmspec_cli.decoding.drafter import DraftShape
+    from mmspec_cli.decoding.engine import SpeculativeDecoder
+    from tests.helpers import begin_turn
+
+    decoder = SpeculativeDecoder(target, build_drafter("m", target, draft))
+    drafter = decoder.drafter
+    begin_turn(decoder, render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
+    tree = drafter.propose([], DraftShape(4, "dynamic", budget=40, topk=3), TokenPicker(SamplingParams()))
     prompt = drafter.prompt
     assert max(tree.topology.depths) >= 2  # nodes fed below other fed nodes exist
     for node in range(len(tree.tokens)):
@@ -227,10 +235,65 @@ def test_every_kept_node_scores_its_path_as_the_draft_alone_would(tiny_models):
     deepest = max(range(len(tree.tokens)), key=lambda n: tree.topology.depths[n])
     path = tree.topology.path(deepest)
     drafter.keep_path(path)
-    kept = drafter.runner.ids[len(prompt.ids):]
+    kept = drafter.cached.ids[len(prompt.ids):]
     assert kept == [tree.tokens[n] for n in path[: len(kept)]] and len(kept) >= len(path) - 1
     fresh = CachedModel(draft.model, "draft", draft.image_token_id)
     ids = prompt.ids + kept
-    torch.testing.assert_close(drafter.runner.logits(ids, keep=1, vision=prompt.vision, prompt_len=len(prompt.ids)),
+    torch.testing.assert_close(drafter.cached.logits(ids, keep=1, vision=prompt.vision, prompt_len=len(prompt.ids)),
                                fresh.logits(ids, keep=1, vision=prompt.vision, prompt_len=len(prompt.ids)),
                                rtol=0, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- dynamic-tree flags
+
+
+runner = CliRunner()
+BASE = {"target": {"model": "x"}}
+
+
+@pytest.mark.parametrize("decoding, overrides, fragment", [
+    ({}, {"tree_budget": 10}, "--tree-budget shapes dynamic trees only, and this run drafts a chain; add --tree "
+                              "dynamic, or drop it"),
+    ({}, {"tree_width": 3, "tree_depth": 2}, "--tree-depth shapes dynamic trees only, and this run drafts a width "
+                                             "tree; add --tree dynamic, or drop it"),
+    ({"tree": "dynamic"}, {"tree": "chain", "tree_topk": 4, "tree_budget": 9},
+     "--tree-budget/--tree-topk shape dynamic trees only, and this run drafts a chain; add --tree dynamic, or drop them"),
+    ({"tree": "width", "tree_width": 2}, {"tree_topk": 4}, "this run drafts a width tree"),
+])
+def test_dynamic_tree_flags_without_a_dynamic_tree_are_refused(decoding, overrides, fragment):
+    with pytest.raises(InputError) as info:
+        apply_overrides(profile_from_dict({**BASE, "decoding": decoding}), **overrides)
+    assert fragment in str(info.value)
+
+
+def test_dynamic_tree_flags_with_a_dynamic_tree_and_a_profiles_own_settings_are_kept():
+    dynamic = apply_overrides(profile_from_dict(BASE), tree="dynamic", tree_budget=10, tree_depth=2, tree_topk=3)
+    assert (dynamic.decoding.tree, dynamic.decoding.tree_budget, dynamic.decoding.tree_depth,
+            dynamic.decoding.tree_topk) == ("dynamic", 10, 2, 3)
+    in_profile = profile_from_dict({**BASE, "decoding": {"tree": "dynamic", "tree_budget": 12}})
+    assert apply_overrides(in_profile, tree_topk=4).decoding.tree_topk == 4  # the profile's tree is dynamic
+    # a profile holding dynamic settings, run with --tree chain: only flags the user gave are refused
+    chain = apply_overrides(in_profile, tree="chain")
+    assert chain.decoding.tree == "chain" and chain.decoding.tree_budget == 12
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "bench"])
+def test_the_commands_refuse_them_in_one_line_before_loading(command, tiny_dirs, tmp_path, no_model_loading):
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"], max_new_tokens=4)
+    [image] = save_images(tmp_path, 1)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "images": [image], "turns": [QUESTION], "category": "c"}) + "\n")
+    head = {"generate": ["generate", image, "-q", QUESTION], "compare": ["compare", image, "-q", QUESTION],
+            "bench": ["bench", str(manifest), "--out", str(tmp_path / "out.jsonl")]}[command]
+    result = runner.invoke(app, [*head, "--profile", profile, "--tree-depth", "2"])
+    assert_one_line_error(result, "--tree-depth shapes dynamic trees only, and this run drafts a chain; add --tree "
+                                  "dynamic, or drop it")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_load_decoder_refuses_the_same_keywords(tiny_dirs, tmp_path, no_model_loading):
+    from mmspec_cli.api import load_decoder
+
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"])
+    with pytest.raises(InputError, match="--tree-topk shapes dynamic trees only"):
+        load_decoder(profile, tree_topk=4)

@@ -7,15 +7,7 @@ import torch
 
 from tests import tiny
 from mmspec_cli.models.prompts import render_prompt
-from tests.helpers import FOLLOW_UP, MAX_NEW, QUESTION, decode, speculative_decoder
-
-
-def reference(target, questions, answers, n_images, max_new_tokens=MAX_NEW):
-    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
-    text = render_prompt(target.processor, questions, answers, n_images)
-    inputs = target.processor(images=tiny.images(n_images) or None, text=text, return_tensors="pt")
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+from tests.helpers import FOLLOW_UP, MAX_NEW, QUESTION, decode, reference, speculative_decoder
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from mmspec_cli.drafters.weights import mixture
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, pooled_row
+from mmspec_cli.decoding.drafter import TurnStart
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.errors import InputError
@@ -22,7 +23,7 @@ from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import render_prompt
 
 from tests.helpers import MAX_NEW, QUESTION, speculative_decoder
-from tests.test_engine_greedy import reference
+from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 
@@ -85,8 +86,8 @@ def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, c
     blocks = []
     propose = drafter.propose
 
-    def recording(generated, gamma, picker):
-        out = propose(generated, gamma, picker)
+    def recording(generated, shape, picker):
+        out = propose(generated, shape, picker)
         blocks.append((list(generated), list(out.tokens), drafter._block_q.clone()))
         return out
 
@@ -101,16 +102,16 @@ def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, c
     }
     single_rows = {"c": caption_row(draft, captioner), "p": pooled_row(draft, 2)}
     for d in alone.values():
-        d.begin_turn(text, images)
+        d.begin_turn(TurnStart(text, images, SpeculativeDecoder(target, d).cached_target, 0))
     rows = {k: BatchedRows(draft.model, draft.image_token_id) for k in single_rows}
     prefixes = {k: rows[k].begin([view(text, images)]) for k, view in single_rows.items()}
     for generated, tokens, block_q in blocks:
         for step in range(len(tokens)):
             context = generated + tokens[:step]
-            for k, member in enumerate(drafter.members):
+            for k, member in enumerate(drafter.traits.members):
                 if member in alone:
                     d = alone[member]
-                    logits = d.runner.logits(d.prompt.ids + context, 1, d.prompt.vision)[-1]
+                    logits = d.cached.logits(d.prompt.ids + context, 1, d.prompt.vision)[-1]
                 else:
                     logits = rows[member].logits(prefixes[member] + context)[0]
                 expected = torch.softmax(logits.float(), -1)
@@ -130,8 +131,8 @@ def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, jo
     drafts = []
     propose = dec.drafter.propose
 
-    def recording(generated, gamma, picker):
-        draft = propose(generated, gamma, picker)
+    def recording(generated, shape, picker):
+        draft = propose(generated, shape, picker)
         drafts.append((draft, dec.drafter._block_q))
         return draft
 

@@ -21,7 +21,7 @@ from mmspec_cli.models.prompts import process, render_prompt
 
 from tests import tiny
 from tests.conftest import load
-from tests.helpers import decode, save_images
+from tests.helpers import decode, own_generate, save_images
 
 runner = CliRunner()
 QUESTIONS = ["what is in the image?", "how many shapes are there?"]
@@ -67,10 +67,8 @@ def family(tmp_path_factory):
 
 def test_the_target_really_emits_its_placeholder(family):
     target = family["models"]["target"]
-    text = render_prompt(target.processor, QUESTIONS[:1], [], 1)
-    inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=12)[0, inputs["input_ids"].shape[1]:]
-    assert IMAGE_ID in out.tolist()
+    out = own_generate(target, QUESTIONS[:1], [], 1, tiny.images(1), 12)
+    assert IMAGE_ID in out
 
 
 def test_train_head_runs_at_its_defaults_and_counts_placeholder_answers(family, tmp_path):

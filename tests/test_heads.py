@@ -20,8 +20,9 @@ from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.helpers import FOLLOW_UP, QUESTION, speculative_decoder
-from tests.test_engine_greedy import reference
+from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, speculative_decoder
+from mmspec_cli.decoding.drafter import DraftShape, Kept
+from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 KINDS = ["eagle", "vispec"]
@@ -98,14 +99,17 @@ def test_the_cached_draft_is_the_head_run_from_scratch(tiny_models, heads, kind,
     prompt = process(target.processor, text, tiny.images(n_images))
     decoder = head_decoder(target, head)
     drafter = decoder.drafter
-    drafter.begin_turn(text, tiny.images(n_images))
+    begin_turn(decoder, text, tiny.images(n_images))
     picker = TokenPicker(SamplingParams(temperature=1.0), seed=0)  # sampling: the draft carries its distributions
     generated = reference(target, [QUESTION], [], n_images, max_new_tokens=3)  # the target's own next tokens
     for verified in ([], generated):  # the first block of a turn, then one after the target accepted 3 tokens
-        draft = drafter.propose(verified, 4, picker)
+        if verified:
+            after_block(decoder, prompt, verified)
+        draft = drafter.propose(verified, chain(4), picker)
         torch.testing.assert_close(draft.probs, reference_chain(head, target, prompt, verified, draft.tokens),
                                    rtol=0, atol=1e-10)
-        assert drafter.cache.get_seq_length() == drafter.entries  # drafted entries were cropped again
+    drafter.accept(Kept(0))
+    assert drafter.cache.get_seq_length() == drafter.entries  # drafted entries were cropped again
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -113,9 +117,10 @@ def test_every_dynamic_tree_node_scores_its_path_as_the_head_alone_would(tiny_mo
     target, head = tiny_models["target"], heads[kind]
     text = render_prompt(target.processor, [QUESTION], [], 1)
     prompt = process(target.processor, text, tiny.images(1))
-    drafter = head_decoder(target, head).drafter
-    drafter.begin_turn(text, tiny.images(1))
-    tree = drafter.propose_dynamic_tree([], levels=4, budget=30, topk=3, picker=TokenPicker(SamplingParams()))
+    decoder = head_decoder(target, head)
+    drafter = decoder.drafter
+    begin_turn(decoder, text, tiny.images(1))
+    tree = drafter.propose([], DraftShape(4, "dynamic", budget=30, topk=3), TokenPicker(SamplingParams()))
     assert max(tree.topology.depths) >= 2
     for node in range(len(tree.tokens)):
         path = [tree.tokens[n] for n in tree.topology.path(node)]

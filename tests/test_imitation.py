@@ -17,9 +17,9 @@ from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_i
 from mmspec_cli.models.profiles import load_profile, profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.helpers import save_images
+from tests.helpers import begin_turn, chain, save_images
 from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, QUESTION, reference
+from tests.helpers import FOLLOW_UP, QUESTION, reference
 from tests.test_ssd import LAYERS, deep  # noqa: F401  (the 4-layer target fixture)
 
 
@@ -62,9 +62,9 @@ def test_the_draft_goes_through_the_network(deep, layer):
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
     vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
-    drafter = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer, imitation=network)).drafter
-    drafter.begin_turn(text, tiny.images(1))
-    draft = drafter.propose([], 4, TokenPicker(SamplingParams()))
+    decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer, imitation=network))
+    begin_turn(decoder, text, tiny.images(1))
+    draft = decoder.drafter.propose([], chain(4), TokenPicker(SamplingParams()))
     assert draft.tokens == draft_with(deep, layer, prompt.ids, vision, 4, network)
     assert draft.tokens != draft_with(deep, layer, prompt.ids, vision, 4)  # the network changed what is drafted
     plain = build_drafter("ssd:plain", deep, None, ssd_layer=layer, imitation=network)
@@ -89,9 +89,9 @@ def test_a_sampled_draft_carries_the_distribution_it_was_drawn_from(deep):
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
     vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
-    drafter = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=2, imitation=network)).drafter
-    drafter.begin_turn(text, tiny.images(1))
-    draft = drafter.propose([], 3, TokenPicker(SamplingParams(temperature=1.0), seed=3))
+    decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=2, imitation=network))
+    begin_turn(decoder, text, tiny.images(1))
+    draft = decoder.drafter.propose([], chain(3), TokenPicker(SamplingParams(temperature=1.0), seed=3))
     norm, lm_head = deep.model.get_decoder().norm, deep.model.get_output_embeddings()
     for i, token in enumerate(draft.tokens):
         with torch.no_grad():

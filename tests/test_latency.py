@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from functools import partial
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -14,7 +17,13 @@ from mmspec_cli.cli.app import app
 from mmspec_cli.cli.profile_latency import check_tau
 from mmspec_cli.decoding.metrics import expected_speedup
 from mmspec_cli.errors import InputError
-from tests.helpers import assert_one_line_error
+from mmspec_cli.models.loading import resolve_device
+from mmspec_cli.models.profiles import load_profile
+from tests import helpers
+from tests.helpers import tiny_files, write_profile
+
+# these commands may print their results before the error line, and nothing here shows loading bars
+assert_one_line_error = partial(helpers.assert_one_line_error, stdout_allowed=True, loading_bars=False)
 
 
 def synthetic(target_ms, draft_ms):
@@ -225,3 +234,296 @@ def test_cli_times_draft_heads_beside_the_target(tmp_path, tiny_dirs, tiny_model
                                      "--repeat", "1"])
     assert table.exit_code == 0, table.output
     assert "T_h(S) ms" in table.stdout and "c vispec head" in table.stdout and "T_q(B, S, 1)" not in table.stdout
+
+
+SMALL_GRID = ["--batch", "1", "--seq", "8", "--repeat", "1"]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dirs, tmp_path_factory) -> dict:
+    return tiny_files(tmp_path_factory.mktemp("latency"), tiny_dirs, images=1, max_new_tokens=4)
+
+
+# --------------------------------------------------------------------------- an unwritable latency cache
+
+
+@pytest.mark.parametrize("cache", ["file", "/proc/mmspec-cache"])
+def test_results_are_printed_when_the_cache_cannot_be_written(files, tmp_path, monkeypatch, cache):
+    if cache == "file":
+        cache = tmp_path / "a-file"
+        cache.write_text("not a folder")
+    monkeypatch.setenv("MMSPEC_CACHE", str(cache))
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], *SMALL_GRID, "--gammas", "1"])
+    assert_one_line_error(result, "could not be cached for bench")
+    assert "set MMSPEC_CACHE to a writable folder" in result.stderr
+    assert "Remark 1" in result.stdout and "Latency ratio" in result.stdout and "saved to" not in result.stdout
+
+
+def test_json_results_are_printed_with_no_cache_when_it_cannot_be_written(files, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "a-file"))
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], *SMALL_GRID, "--gammas", "1",
+                                 "--json"])
+    assert_one_line_error(result, "could not be cached")
+    data = json.loads(result.stdout)
+    assert data["cache"] is None and set(data["target_ms"]) == {"8,1"}
+
+
+# --------------------------------------------------------------------------- --plot, checked before measuring
+
+
+def test_plot_into_a_folder_is_refused_before_measuring(files, tmp_path, no_model_loading):
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], "--plot", str(tmp_path)])
+    assert_one_line_error(result, "is a folder; name a file in it")
+    assert not Path(f"{tmp_path}.png").exists()
+
+
+@pytest.mark.parametrize("where, fragment", [
+    ("missing/c.png", "doesn't exist; create it or pick another path"),
+    ("/proc/c.png", "can't be written"),
+])
+def test_plot_to_an_unwritable_path_is_refused_before_measuring(files, tmp_path, no_model_loading, where, fragment):
+    path = tmp_path / where if not where.startswith("/") else Path(where)
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], "--plot", str(path)])
+    assert_one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("c.xyz", "matplotlib can't write '.xyz' files; end the name with one of"),
+    ("curves", "matplotlib needs a suffix naming the format"),
+])
+def test_plot_format_is_checked_before_measuring(files, tmp_path, no_model_loading, name, fragment):
+    pytest.importorskip("matplotlib")
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], "--plot", str(tmp_path / name)])
+    line = assert_one_line_error(result, fragment)
+    assert ".png" in line and ".pdf" in line
+    assert list(tmp_path.iterdir()) == []  # the writability check left nothing behind
+
+
+# --------------------------------------------------------------------------- the γ flag
+
+
+def without_busy_warning(stderr: str) -> list[str]:
+    """stderr's lines but profile-latency's warning that the machine is busy (it is, when tests run in parallel)."""
+    return [line for line in stderr.splitlines() if not line.startswith("warning: the load average")]
+
+
+def test_profile_latency_takes_gammas_and_hides_the_old_name(files, tmp_path, monkeypatch):
+    help_text = runner.invoke(app, ["profile-latency", "--help"]).stdout
+    assert "--gammas" in help_text and "--gamma " not in help_text
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], *SMALL_GRID, "--gammas", "1,2",
+                                 "--json"])
+    assert result.exit_code == 0 and not without_busy_warning(result.stderr), result.stderr
+    assert set(json.loads(result.stdout)["target_ms"]) == {"8,1", "8,2"}
+
+
+def test_profile_latency_gamma_still_works_with_a_note(files, tmp_path, monkeypatch):
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], *SMALL_GRID, "--gamma", "1,2",
+                                 "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert set(json.loads(result.stdout)["target_ms"]) == {"8,1", "8,2"}
+    [note] = without_busy_warning(result.stderr)
+    assert note.startswith("note: ") and "--gamma is deprecated" in note and "--gammas" in note
+
+
+def test_profile_latency_refuses_both_gamma_names(files, no_model_loading):
+    result = runner.invoke(app, ["profile-latency", "--profile", files["profile"], "--gammas", "2", "--gamma", "3"])
+    assert_one_line_error(result, "pass the γ values once, with --gammas")
+
+
+# --------------------------------------------------------------------------- ssd's own step in Eq. (1)
+
+
+def saved_imitation(tiny_models, folder: Path) -> str:
+    from mmspec_cli.models.imitation import save_imitation
+    from tests.test_imitation import hidden_size, random_imitation
+
+    target = tiny_models["target"]
+    save_imitation(random_imitation(hidden_size(target)), folder, layer=1, target=target, target_name="tiny",
+                   dtype=torch.float32)
+    return str(folder)
+
+
+def test_profile_latency_times_ssd_with_and_without_its_imitation_network(cache, tiny_dirs, tiny_models, monkeypatch):
+    """T_s is timed through the ssd drafter's own code: the early exit with the network for ssd, without for
+    ssd:plain; the ratio and Eq. (1) of each use it, not the draft model's T_q."""
+    from mmspec_cli.drafters import ssd as ssd_module
+
+    imitation = saved_imitation(tiny_models, cache / "in1")
+    spec = {"dtype": "float32", "device": "cpu"}
+    path = cache / "p.yaml"
+    path.write_text(yaml.safe_dump({"target": {"model": tiny_dirs["target"], **spec},
+                                    "draft": {"model": tiny_dirs["perturbed"], **spec},
+                                    "ssd": {"layer": 1, "imitation": imitation}}))
+    results = cache / "results.jsonl"
+    results.write_text("".join(json.dumps({"drafter": d, "block_efficiency": t}) + "\n"
+                               for d, t in (("m", 2.0), ("ssd", 3.0), ("ssd:plain", 2.5))))
+    built, steps = [], []
+    original_decoder, original_logits = ssd_module.early_exit_decoder, ssd_module.early_exit_logits
+    monkeypatch.setattr(ssd_module, "early_exit_decoder",
+                        lambda model, layers, imitation=None: built.append((layers, imitation)) or
+                        original_decoder(model, layers, imitation))
+    monkeypatch.setattr(ssd_module, "early_exit_logits",
+                        lambda *args, **kwargs: steps.append(1) or original_logits(*args, **kwargs))
+    result = runner.invoke(app, ["profile-latency", "--profile", str(path), "--batch", "1", "--seq", "16,32",
+                                 "--gammas", "1,5", "--repeat", "2", "--results", str(results), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data["ssd_ms"]) == {"ssd", "ssd:plain"} and set(data["ssd_ms"]["ssd"]) == {"16", "32"}
+    assert [layers for layers, _ in built] == [1] * 4  # plain at S=16, 32, then with the network at S=16, 32
+    assert [n is None for _, n in built] == [True, True, False, False]
+    assert len(steps) == 4 * (2 + 2)  # warm-up + repeats at each point, all through early_exit_logits
+    assert data["ssd"]["layer"] == 1 and data["ssd"]["imitation"] == imitation
+    assert data["ssd"]["imitation_weights"] == latency.weights_fingerprint(imitation)
+    for name in ("ssd", "ssd:plain"):
+        c = data["ssd_latency_ratio"][name]["5"]
+        assert c == pytest.approx(data["ssd_ms"][name]["16"] / data["target_ms"]["16,5"])
+        tau = {"ssd": 3.0, "ssd:plain": 2.5}[name]
+        assert data["expected_speedup"][name]["5"] == pytest.approx(tau / (5 * c + 1))
+    c_draft = data["latency_ratio"]["5"]
+    assert data["expected_speedup"]["m"]["5"] == pytest.approx(2.0 / (5 * c_draft + 1))
+    cached = latency.LatencyResult(**json.loads(Path(data["cache"]).read_text()))
+    assert cached.ssd_ms == data["ssd_ms"] and cached.ssd == data["ssd"]
+    table = runner.invoke(app, ["profile-latency", "--profile", str(path), "--batch", "1", "--seq", "16",
+                                "--gammas", "1", "--repeat", "1"])
+    assert table.exit_code == 0, table.output
+    assert "T_s(S) ms" in table.stdout and "c ssd:plain" in table.stdout
+
+
+def test_profile_latency_takes_a_profile_with_only_an_ssd_layer(cache, tiny_dirs):
+    path = cache / "ssd.yaml"
+    path.write_text(yaml.safe_dump({"target": {"model": tiny_dirs["target"], "dtype": "float32", "device": "cpu"},
+                                    "ssd": {"layer": 1}}))
+    result = runner.invoke(app, ["profile-latency", "--profile", str(path), "--seq", "16", "--gammas", "1",
+                                 "--repeat", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["draft_ms"] == {} and data["ssd_ms"]["ssd"] == data["ssd_ms"]["ssd:plain"]  # one step: no network
+    assert data["ssd"] == {"layer": 1, "imitation": None, "imitation_weights": None}
+    wrong = runner.invoke(app, ["profile-latency", "--profile", str(path), "--ssd-layer", "2", "--seq", "16",
+                                "--repeat", "1"])
+    assert_one_line_error(wrong, "ssd.layer 2 is outside [1, 1]")
+
+
+PAIR = ("org/target", "org/draft")
+
+
+def summary_profile(root: Path, **ssd) -> str:
+    path = root / "pair.yaml"
+    path.write_text(yaml.safe_dump({"target": {"model": PAIR[0], "device": "cpu"},
+                                    "draft": {"model": PAIR[1], "device": "cpu"},
+                                    "ssd": ssd or {"layer": 1}}))
+    return str(path)
+
+
+def made_records(drafters=("ar", "m", "ssd", "ssd:plain"), threads: int | None = 1, layer: int = 1,
+                 imitation: str | None = None) -> list[dict]:
+    """Hand-made turn records of two samples, made with ``PAIR``, as ``bench`` writes them."""
+    ensemble = json.dumps({"ssd": {"layer": layer, "imitation": imitation}}, sort_keys=True)
+    out = []
+    for i, sample in enumerate(("s0", "s1")):
+        for drafter in drafters:
+            blocks = 6 if drafter == "ar" else 2 + i
+            out.append({"id": sample, "category": "c", "turn": 0, "drafter": drafter, "token_ids": [5] * 6,
+                        "new_tokens": 6, "blocks": blocks, "wall_s": 0.1 * blocks, "drafted": 9,
+                        "accepted": 6 - blocks, "prompt_tokens": 32, "gamma": 3, "temperature": 0.0,
+                        "target": PAIR[0], "draft": PAIR[1], "ensemble": ensemble, "threads": threads})
+    return out
+
+
+def cache_pair(threads: int = 1, ssd: dict | None = None, imitation: str | None = None) -> None:
+    """T_p = 10 ms, T_q = 1 ms (c 0.1); ssd 3 ms (c 0.3), ssd:plain 2 ms (c 0.2) at layer 1, under ``threads``."""
+    setting = {"layer": 1, "imitation": imitation,
+               "imitation_weights": latency.weights_fingerprint(imitation) if imitation else None}
+    latency.save(latency.LatencyResult(latency.device_name(resolve_device("cpu"), threads), *PAIR,
+                                       target_ms={"32,3": 10.0}, draft_ms={"1,32": 1.0},
+                                       ssd_ms={"ssd": {"32": 3.0}, "ssd:plain": {"32": 2.0}} if ssd is None else ssd,
+                                       ssd=setting))
+
+
+def summarize(path: Path, profile: str, *extra: str) -> tuple[dict, dict, str]:
+    result = runner.invoke(app, ["bench", "--summarize", str(path), "--profile", profile, "--format", "json", *extra])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    return {r["drafter"]: r for r in data["rows"] if r["category"] == "all"}, data, result.stderr
+
+
+def write_records(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_bench_eq1_of_ssd_uses_ssds_own_step_and_says_which(cache):
+    cache_pair()
+    rows, data, stderr = summarize(write_records(cache / "r.jsonl", made_records()), summary_profile(cache))
+    for name, c in (("m", 0.1), ("ssd", 0.3), ("ssd:plain", 0.2)):
+        assert rows[name]["latency_ratio"] == pytest.approx(c)
+        assert rows[name]["expected_speedup"] == pytest.approx(rows[name]["block_efficiency"] / (3 * c + 1))
+    assert rows["ar"]["expected_speedup"] is None and rows["ar"]["latency_ratio"] is None
+    assert data["latency_ratios"]["ssd:plain"]["step"] == "ssd's own step T_s: the target's first 1 layer"
+    assert data["latency_ratios"]["m"]["step"] == "draft model step T_q, B=1"
+    assert ("Eq. (1) latency ratio c = draft step / verification, per drafter: m 0.100 (draft model step T_q, B=1); "
+            "ssd 0.300 (ssd's own step T_s: the target's first 1 layer); ssd:plain 0.200") in stderr
+
+
+def test_a_cache_without_ssds_step_gives_ssd_no_eq1_and_says_what_to_run(cache):
+    cache_pair(ssd={})  # measured before ssd's step was timed: only T_p and T_q
+    profile = summary_profile(cache)
+    rows, _, stderr = summarize(write_records(cache / "r.jsonl", made_records()), profile)
+    assert rows["m"]["expected_speedup"] is not None
+    assert rows["ssd"]["expected_speedup"] is None and rows["ssd:plain"]["expected_speedup"] is None
+    assert stderr.splitlines()[-1] == (f"Eq. (1) not shown for ssd (at ssd.layer 1), ssd:plain (at ssd.layer 1): the "
+                                       f"cached latencies have no draft step of theirs; run `mmspec profile-latency "
+                                       f"--profile {profile} --threads 1`")
+
+
+def test_ssd_records_of_another_layer_or_imitation_network_get_no_ratio(cache, tiny_models):
+    imitation = saved_imitation(tiny_models, cache / "in1")
+    cache_pair(imitation=imitation)
+    profile = summary_profile(cache, layer=1, imitation=imitation)
+    rows, _, stderr = summarize(write_records(cache / "l2.jsonl", made_records(layer=2, imitation=imitation)), profile)
+    assert rows["ssd"]["expected_speedup"] is None and rows["ssd:plain"]["expected_speedup"] is None
+    assert stderr.splitlines()[-1].endswith(f"run `mmspec profile-latency --profile {profile} --threads 1 "
+                                            f"--ssd-layer 2`")
+    same = write_records(cache / "l1.jsonl", made_records(imitation=imitation))
+    rows, _, _ = summarize(same, profile)
+    assert rows["ssd"]["latency_ratio"] == pytest.approx(0.3)
+    weights = Path(imitation) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # the network rewritten (retrained) since it was timed
+    os.utime(weights, ns=(1, 1))
+    rows, _, stderr = summarize(same, profile)
+    assert rows["ssd"]["expected_speedup"] is None and rows["ssd:plain"]["latency_ratio"] == pytest.approx(0.2)
+    assert "Eq. (1) not shown for ssd (at ssd.layer 1 and imitation network" in stderr
+
+
+# --------------------------------------------------------------------------- --summarize and thread counts
+
+
+def test_summarize_looks_the_cache_up_under_the_records_thread_count(cache):
+    cache_pair(threads=1)
+    profile = summary_profile(cache)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the summarising process uses another count than the records were made with
+    try:
+        rows, _, stderr = summarize(write_records(cache / "r.jsonl", made_records(threads=1)), profile)
+        assert rows["m"]["latency_ratio"] == pytest.approx(0.1) and "Eq. (1) not shown" not in stderr
+        _, _, stderr = summarize(write_records(cache / "r3.jsonl", made_records(threads=3)), profile)
+    finally:
+        torch.set_num_threads(before)
+    device = latency.device_name(resolve_device("cpu"), 3)
+    assert device.endswith("-3threads")
+    assert stderr.splitlines()[-1] == (f"Eq. (1) not shown: no latency ratio is cached for this device ({device}) and "
+                                       f"profile {profile}'s models; run `mmspec profile-latency --profile {profile} "
+                                       f"--threads 3`")
+
+
+def test_records_of_several_thread_counts_are_not_given_one_ratio(cache):
+    cache_pair(threads=1)
+    mixed = made_records(("ar", "m"), threads=1)
+    mixed[-1] = dict(mixed[-1], threads=2)  # one sample of m made with 2 threads
+    rows, _, stderr = summarize(write_records(cache / "r.jsonl", mixed), summary_profile(cache))
+    assert rows["m"]["expected_speedup"] is None
+    assert "Eq. (1) not shown for m: their records were made with different CPU thread counts" in stderr

@@ -26,7 +26,7 @@ from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt
-from tests.helpers import FOLLOW_UP, QUESTION, decode, image_in_second_turn
+from tests.helpers import FOLLOW_UP, QUESTION, decode, image_in_second_turn, own_generate
 
 MAX_NEW = 16
 FAMILIES = {
@@ -79,13 +79,9 @@ def save_without_video_processor(model, processor, path) -> None:
     (path / "chat_template.jinja").write_text(processor.chat_template)
 
 
-def reference(target: LoadedModel, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
-    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
-    text = render_prompt(target.processor, questions, answers, len(images))
-    # one sample with all its images, as apply_chat_template(tokenize=True) passes them
-    inputs = target.processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+def reference(target, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
+    """:func:`~tests.helpers.own_generate` with every image in the first turn."""
+    return own_generate(target, questions, answers, len(images), images, max_new_tokens)
 
 
 @pytest.fixture(scope="module")

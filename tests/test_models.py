@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+import time
+import urllib.error
+import urllib.request
+from functools import partial
+from pathlib import Path
+
 import pytest
+import torch
+import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
+from typer.testing import CliRunner
 
 from mmspec_cli.api import decoder_from_profile
+from mmspec_cli.cli.app import app
+from mmspec_cli.models import loading
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import check_compatible, load_model
 from mmspec_cli.models.profiles import ModelSpec, profile_from_dict
+
+from tests import helpers
+from tests.helpers import own_generate, tiny_files, write_profile
 
 
 def spec(path, **kw):
@@ -97,12 +113,10 @@ def test_a_draft_without_processor_files_shares_the_targets(tiny_dirs, tiny_mode
     models = ModelSet.load(profile, ["m", "mt"])
     assert models.draft.processor is models.target.processor
     target = models.target
-    text = render_prompt(target.processor, ["what is in the image?"], [], 1)
-    inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
-    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=12)[0, inputs["input_ids"].shape[1]:]
+    ref = own_generate(target, ["what is in the image?"], [], 1, tiny.images(1), 12)
     for name in ("m", "mt"):
         turn = models.decoder(name).generate(tiny.images(1), ["what is in the image?"]).turns[0]
-        assert turn.token_ids == ref.tolist() and turn.stats.accepted > 0
+        assert turn.token_ids == ref and turn.stats.accepted > 0
 
 
 def test_shipped_model_ids_resolve_inside_the_package_and_unknown_ones_are_refused():
@@ -196,3 +210,148 @@ def test_a_folder_without_a_model_says_what_it_lacks(tmp_path, files):
     assert message.startswith(f"draft.model: '{tmp_path}' holds no model: ")
     assert ("the folder is empty" if not files else "no config.json and no weights file") in message
     assert "trust_remote_code" not in message
+
+
+# these commands may print their results before the error line, and nothing here shows loading bars
+assert_one_line_error = partial(helpers.assert_one_line_error, stdout_allowed=True, loading_bars=False)
+QUESTION = "what is in the image?"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dirs, tmp_path_factory) -> dict:
+    return tiny_files(tmp_path_factory.mktemp("models"), tiny_dirs, images=1, max_new_tokens=4)
+
+
+# --------------------------------------------------------------------------- devices this machine lacks
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_a_cuda_device_without_cuda_is_one_line_naming_the_entry(files, tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    profile = tmp_path / "gpu.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": tiny_dirs["target"], "dtype": "float64", "device": "cpu"},
+                                       "draft": {"model": tiny_dirs["perturbed"], "dtype": "float64",
+                                                 "device": "cuda:7"}}))
+    result = runner.invoke(app, ["generate", *files["images"], "-q", QUESTION, "--profile", str(profile)])
+    assert_one_line_error(result, "draft.device: cuda:7 does not exist on this machine (devices here: cpu)")
+
+
+def test_a_gpu_beyond_the_count_names_the_devices_there_are(tiny_dirs, two_gpus):
+    with pytest.raises(ModelLoadError, match=r"captioner.device: cuda:7 .*devices here: cpu, cuda:0, cuda:1\)"):
+        load_model(ModelSpec(model=tiny_dirs["target"], dtype="float64", device="cuda:7"), "captioner")
+    loading.check_device("cuda:1", "target")  # exists here
+    loading.check_device("cuda", "target")
+
+
+def test_cuda_without_any_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelLoadError, match="target.device: cuda does not exist"):
+        loading.check_device("cuda", "target")
+
+
+# --------------------------------------------------------------------------- the hub without network
+
+
+@pytest.fixture
+def online_mode(monkeypatch):
+    """Neither HF_HUB_OFFLINE nor TRANSFORMERS_OFFLINE: the hub is tried (and, on this machine, unreachable)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def hub_answers() -> bool:
+    """Whether huggingface.co answers here at all (not on the machine this project is developed on)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request("https://huggingface.co", method="HEAD"), timeout=3).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def test_an_unreachable_hub_id_is_refused_at_once_in_one_line(files, tiny_dirs, tmp_path, online_mode, monkeypatch):
+    if hub_answers():
+        pytest.skip("the hub answers here")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    profile = write_profile(tmp_path / "hub.yaml", "nobody-here/no-such-model", tiny_dirs["perturbed"])
+    start = time.monotonic()
+    result = runner.invoke(app, ["generate", *files["images"], "-q", QUESTION, "--profile", profile])
+    assert time.monotonic() - start < 5
+    line = assert_one_line_error(result, "target.model: 'nobody-here/no-such-model' is not in the local Hugging Face")
+    assert "can't be reached" in line and "hf download" in line and "pass a local path" in line
+
+
+def test_offline_mode_refuses_an_uncached_hub_id_saying_so(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(loading, "hub_reachable", lambda: pytest.fail("probed the hub in offline mode"))
+    with pytest.raises(ModelLoadError, match=r"HF_HUB_OFFLINE \(or TRANSFORMERS_OFFLINE\) is set"):
+        load_model(ModelSpec(model="nobody-here/no-such-model", device="cpu"), "draft")
+
+
+def hub_cache_with(model_dir: str, repo: str, root: Path) -> Path:
+    """A Hugging Face cache holding ``model_dir``'s files as the snapshot of ``repo`` at main."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    entry = root / f"models--{repo.replace('/', '--')}"
+    snapshot = entry / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in Path(model_dir).iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(commit)
+    return root
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_cached_hub_model_loads_without_network(tiny_dirs, tmp_path, online_mode, monkeypatch, capfd, offline):
+    import huggingface_hub.constants
+
+    cache = hub_cache_with(tiny_dirs["target"], "mmspec-test/tiny-target", tmp_path / "hub")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    loaded = load_model(ModelSpec(model="mmspec-test/tiny-target", dtype="float64", device="cpu"), "target")
+    assert time.monotonic() - start < 5
+    assert type(loaded.model).__name__ == "LlavaForConditionalGeneration" and loaded.image_token_id == 4
+    assert "Retrying" not in capfd.readouterr().err
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self):  # noqa: N802 (the http.server name)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_probe_counts_any_answer_and_fails_fast_without_one(monkeypatch):
+    import huggingface_hub.constants
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        assert loading.hub_reachable()
+    finally:
+        server.shutdown()
+        server.server_close()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    start = time.monotonic()
+    assert not loading.hub_reachable()  # nothing listens there now: refused
+    assert time.monotonic() - start < 2

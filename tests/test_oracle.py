@@ -43,14 +43,17 @@ def test_every_draft_is_accepted_and_the_output_is_ars(tiny_models):
 
 
 def test_off_the_recording_it_proposes_nothing():
+    from mmspec_cli.decoding.drafter import DraftShape, TurnStart
+
     drafter = OracleDrafter([[7, 8, 9, 10]])
-    drafter.begin_turn("prompt", [])
+    drafter.begin_turn(TurnStart("prompt", [], None, 0))
     greedy = TokenPicker(SamplingParams())
-    assert drafter.propose([7], 2, greedy).tokens == [8, 9]
-    assert drafter.propose([7, 8, 9], 5, greedy).tokens == [10]
-    assert drafter.propose([7, 99], 2, greedy).tokens == []
-    drafter.begin_turn("a turn it has no recording of", [])
-    assert drafter.propose([], 3, greedy).tokens == []
+    assert drafter.propose([7], DraftShape(2), greedy).tokens == [8, 9]
+    assert drafter.propose([7, 8, 9], DraftShape(5), greedy).tokens == [10]
+    assert drafter.propose([7, 8, 99], DraftShape(2), greedy).tokens == []  # the target's token left the recording
+    assert drafter.propose([7, 8, 99, 10], DraftShape(2), greedy).tokens == []  # and it stays off for the turn
+    drafter.begin_turn(TurnStart("a turn it has no recording of", [], None, 0))
+    assert drafter.propose([], DraftShape(3), greedy).tokens == []
 
 
 def test_generate_runs_ar_first_and_replays_it(files):

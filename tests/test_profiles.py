@@ -1,14 +1,27 @@
 """Tests for mmspec_cli.models.profiles: parsing, defaults, refusals, overrides, round trip."""
 
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from mmspec_cli.models import profiles
 from mmspec_cli.errors import ProfileError
-from mmspec_cli.models.profiles import (DecodingSpec, ModelSpec, Profile, apply_overrides, builtin_profiles_dir,
-                                        list_profiles, load_profile, profile_from_dict, profile_to_dict)
+from mmspec_cli.cli.app import app
+from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+from mmspec_cli.models.profiles import (MAX_SEED, DecodingSpec, ModelSpec, Profile, _show, apply_overrides,
+                                        builtin_profiles_dir, list_profiles, load_profile, profile_from_dict,
+                                        profile_to_dict)
+
+from tests.helpers import assert_one_line_error, tiny_files
+from tests.test_latency import made_records, summary_profile, write_records
 
 BUILTINS = {
     "llava15-7b": "llava-hf/llava-1.5-7b-hf",
@@ -465,3 +478,156 @@ def test_ensemble_captioner_and_pooling_sections():
         profile_from_dict({"target": {"model": "x"}, "captioner": {"prompt": "hi"}})
     with pytest.raises(ProfileError, match="pooling.kernel: expected an integer between 1 and 16"):
         profile_from_dict({"target": {"model": "x"}, "pooling": {"kernel": 0}})
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTION = "what is in the image?"
+MAX_NEW = 5
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dirs, tmp_path_factory) -> dict:
+    return tiny_files(tmp_path_factory.mktemp("profiles"), tiny_dirs, images=1, max_new_tokens=MAX_NEW)
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+# --------------------------------------------------------------------------- profile values
+
+
+def test_a_seed_torch_cannot_take_is_refused_by_the_key_check(files, no_model_loading, tmp_path):
+    too_big = str(MAX_SEED + 1)
+    expected = f"expected an integer between 0 and {MAX_SEED} (the range torch's manual_seed takes), got {too_big}"
+    assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+                              "--seed", too_big), f"--seed: {expected}")
+    profile = tmp_path / "seed.yaml"
+    profile.write_text(Path(files["profile"]).read_text().replace("decoding:", f"decoding:\n  seed: {too_big}"))
+    assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", str(profile)),
+                          f"decoding.seed: {expected}")
+    assert TokenPicker(SamplingParams(), MAX_SEED)  # the largest accepted seed is one torch takes
+
+
+def test_unhashable_ensemble_members_are_the_usual_key_path_error():
+    with pytest.raises(ProfileError, match=r'^ensemble.members: expected a list of at least two distinct letters '
+                                           r'from m, t, c, p \(e.g. \[m, t\]\), got \[\["m"\], "t"\]$'):
+        profile_from_dict({"target": {"model": "x"}, "ensemble": {"members": [["m"], "t"]}})
+
+
+def billion_laughs(levels: int = 10, width: int = 10) -> str:
+    """A profile whose target.dtype expands to width**levels strings (10**10: tens of gigabytes)."""
+    lines = ["x0: &a0 [" + ", ".join(["lol"] * width) + "]"]
+    lines += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "bomb:\n" + "".join(f"  {line}\n" for line in lines) + f"target: {{model: x, dtype: *a{levels - 1}}}\n"
+
+
+def run_capped(*args: str) -> subprocess.CompletedProcess:
+    """``python *args`` in a process capped at 2 GiB of address space: a value built or printed whole
+    (tens of gigabytes) kills that process with a MemoryError, not the machine."""
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          preexec_fn=cap_memory, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(billion_laughs())
+    code = "import sys; from mmspec_cli.cli.app import main; sys.argv[0] = 'mmspec'; main()"
+    result = run_capped("-c", code, "generate", "-q", QUESTION, "--profile", str(bomb))
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: profile ") and "expands, through its aliases, to more than 10,000 values" in line
+
+
+def test_a_value_built_from_aliases_is_quoted_short_without_being_serialised_whole(tmp_path):
+    """What ``yaml.safe_load`` builds from a bomb (10**10 strings, shared) handed to ``profile_from_dict``."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(billion_laughs())
+    code = ("import sys, yaml; from mmspec_cli.models.profiles import profile_from_dict\n"
+            "data = yaml.safe_load(open(sys.argv[1]).read()); del data['bomb']\n"
+            "try:\n    profile_from_dict(data)\nexcept Exception as exc:\n    print(exc)")
+    result = run_capped("-c", code, str(bomb))
+    assert result.returncode == 0, result.stderr[-2000:]
+    [line] = result.stdout.splitlines()
+    assert line.startswith("target.dtype: expected one of float32, float16, bfloat16, float64, got [[[[")
+    assert len(line) < 200
+
+
+def test_a_self_containing_yaml_value_is_one_line(tmp_path):
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("target: {model: x, dtype: &a [*a]}\n")
+    with pytest.raises(ProfileError, match="has an alias inside its own anchor"):
+        load_profile(str(loop))
+
+
+def test_bad_values_are_quoted_short_without_being_serialised_whole():
+    loop: list = []
+    loop.append(loop)
+    for value in (loop, 10**5000, "x" * 10**6, {"k" * 10**6: 1}):
+        with pytest.raises(ProfileError) as caught:
+            profile_from_dict({"target": {"model": "x", "dtype": value}})
+        assert len(str(caught.value)) < 200
+    assert _show({"a": [1, None, True, 1.5]}) == '{"a": [1, null, true, 1.5]}'
+
+
+def test_yaml_too_deep_or_with_unreadable_numbers_is_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("target: {model: x, dtype: " + "[" * 5000 + "]" * 5000 + "}\n")
+    with pytest.raises(ProfileError, match="nested too deeply"):
+        load_profile(str(deep))
+    digits = tmp_path / "digits.yaml"
+    digits.write_text("target: {model: x}\ndecoding: {seed: " + "1" * 5000 + "}\n")
+    with pytest.raises(ProfileError, match="holds a value that can't be read"):
+        load_profile(str(digits))
+    with pytest.raises(ProfileError, match="decoding.temperature: expected a number >= 0, got an integer of about"):
+        profile_from_dict({"target": {"model": "x"}, "decoding": {"temperature": 10**400}})
+
+
+# --------------------------------------------------------------------------- --profile <(...)
+
+
+def feed(path: str, text: str) -> threading.Thread:
+    """Write ``text`` into the pipe at ``path`` from another thread (opening a FIFO blocks until it is read)."""
+    def write() -> None:
+        with open(path, "w") as pipe:
+            pipe.write(text)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_profile_from_a_fifo_is_read_like_a_file(tmp_path):
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    writer = feed(str(fifo), "target: {model: some/target}\ndecoding: {gamma: 7}\n")
+    profile = load_profile(str(fifo))
+    writer.join(timeout=10)
+    assert profile.target.model == "some/target" and profile.decoding.gamma == 7
+
+
+def test_process_substitution_dev_fd_works_on_the_command_line(tmp_path):
+    """``--profile <(...)`` hands the command /dev/fd/N, the read end of a pipe."""
+    records = write_records(tmp_path / "r.jsonl", made_records(("ar", "m")))
+    read, write = os.pipe()
+    os.set_inheritable(read, True)
+    try:
+        with os.fdopen(write, "w") as pipe:
+            pipe.write(Path(summary_profile(tmp_path)).read_text())
+        result = runner.invoke(app, ["bench", "--summarize", str(records), "--profile", f"/dev/fd/{read}",
+                                     "--format", "json"])
+    finally:
+        os.close(read)
+    assert result.exit_code == 0, result.stderr
+    assert {r["drafter"] for r in json.loads(result.stdout)["rows"]} == {"ar", "m"}
+
+
+def test_a_device_or_a_folder_is_still_refused(tmp_path):
+    with pytest.raises(ProfileError, match="profile /dev/zero is not a file or a pipe; pass a YAML file"):
+        load_profile("/dev/zero")
+    with pytest.raises(ProfileError, match="is not a file but a folder"):
+        load_profile(str(tmp_path) + "/")

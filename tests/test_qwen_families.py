@@ -37,7 +37,7 @@ from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
-from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, speculative_decoder, write_profile
+from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, own_generate, speculative_decoder, write_profile
 from tests.test_heads import random_head
 
 MAX_NEW = 16
@@ -61,11 +61,8 @@ def qwen(tmp_path_factory):
 
 
 def reference(target, questions, answers, images, max_new_tokens=MAX_NEW) -> list[int]:
-    """The target's own greedy ``generate`` on the prompt mmspec builds for that turn."""
-    text = render_prompt(target.processor, questions, answers, len(images))
-    inputs = target.processor(images=list(images) or None, text=text, return_tensors="pt")
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+    """:func:`~tests.helpers.own_generate` with every image in the first turn."""
+    return own_generate(target, questions, answers, len(images), images, max_new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +154,12 @@ def test_a_pooled_row_is_its_pooled_images_and_leaves_a_multimodal_row_beside_it
     images = tiny_qwen.images(2)
     m_row, p_row = multimodal_row(draft)(text, images), pooled_row(draft, 2)(text, images)
 
-    def head_logits(rows):
+    def prefix_logits(rows):
         batch = BatchedRows(model, draft.image_token_id)
         batch.begin(rows)
-        return batch.head_logits
+        return batch.prefix_logits
 
-    both, alone_m, alone_p = head_logits([m_row, p_row]), head_logits([m_row]), head_logits([p_row])
+    both, alone_m, alone_p = prefix_logits([m_row, p_row]), prefix_logits([m_row]), prefix_logits([p_row])
     assert torch.allclose(both[0], alone_m[0], atol=1e-9) and torch.allclose(both[1], alone_p[0], atol=1e-9)
     assert not torch.allclose(alone_m[0], alone_p[0])
     if family == "qwen3_vl":

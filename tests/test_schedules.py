@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests import tiny
@@ -10,9 +12,10 @@ from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
-from mmspec_cli.decoding.schedules import GammaSchedule, fastvlm_length, heuristic_next, sigmoid
+from mmspec_cli.decoding.schedules import (AcceptanceEstimate, GammaSchedule, StepCosts, best_gamma, block_ms,
+                                            expected_tokens, fastvlm_length, heuristic_next, sigmoid)
 
-from tests.test_engine_greedy import MAX_NEW, QUESTION, reference
+from tests.helpers import MAX_NEW, QUESTION, reference
 
 
 def test_heuristic_grows_by_two_after_a_full_accept_and_shrinks_by_one_otherwise():
@@ -83,3 +86,118 @@ def test_fastvlm_schedule_grows_with_the_context(tiny_models, monkeypatch):
     assert turn.token_ids == reference(target, [QUESTION], [], 1)
     prompt_len = len(process(target.processor, render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1)).ids)
     assert len(turn.blocks[0].draft) == fastvlm_length(2, prompt_len, 60) > 2
+
+
+# --------------------------------------------------------------------------- cost: γ from measured step costs
+
+#: T_verify(S = 64, n) = 10 + 2·(n − 1) ms for n = 1..9 and one draft step of 1 ms: a block of γ costs 3γ + 10 ms.
+LINEAR = StepCosts({(64, n): 10.0 + 2 * (n - 1) for n in range(1, 10)}, {64: 1.0})
+
+
+def test_expected_tokens_is_leviathans_eq1():
+    assert expected_tokens(0.0, 5) == 1.0  # the target's own token
+    assert expected_tokens(1.0, 5) == 6.0  # γ + 1 at α = 1
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.8, 3) == pytest.approx((1 - 0.8 ** 4) / 0.2)
+
+
+def test_best_gamma_maximises_expected_tokens_per_ms_on_a_hand_made_table():
+    # α = 0.8: E[τ] / (3γ + 10) = 2.44/16 = 0.1525 (γ 2), 2.952/19 = 0.1554 (γ 3), 3.3616/22 = 0.1528 (γ 4)
+    assert block_ms(LINEAR, 64, 3) == 3 * 1.0 + 16.0
+    assert best_gamma(LINEAR, 64, 0.8) == 3
+    assert best_gamma(LINEAR, 64, 0.5) == 1
+    assert best_gamma(LINEAR, 64, 0.9) == 5
+    assert best_gamma(LINEAR, 64, 0.0) == 1  # nothing is accepted: the cheapest block
+    free = StepCosts({(64, 1): 10.0, (64, 9): 10.0})  # no draft model (oracle, pld); verification flat in n
+    assert free.gamma_max == 8 and best_gamma(free, 64, 0.3) == 8  # more tokens for the same cost
+    priced_as_one_step = StepCosts({(64, n): 10.0 * n for n in range(1, 10)})  # verifying n tokens costs n steps
+    assert best_gamma(priced_as_one_step, 64, 1.0) == 1  # every γ gives 0.1 tokens per ms: the shorter draft wins
+
+
+def test_step_costs_interpolate_in_s_and_n_and_never_extrapolate():
+    costs = StepCosts({(100, 1): 10.0, (100, 3): 14.0, (300, 1): 20.0, (300, 3): 24.0}, {100: 1.0, 300: 3.0})
+    assert costs.verify(200, 2) == pytest.approx(17.0)  # halfway in S (15, 19), then in n
+    assert costs.verify(100, 3) == 14.0  # a measured point as measured
+    assert costs.verify(10, 1) == 10.0 and costs.verify(5000, 3) == 24.0  # outside the S measured: the nearest end
+    assert costs.verify(100, 7) == 14.0  # past the largest n measured: held, never extrapolated
+    assert costs.draft(200) == pytest.approx(2.0) and costs.draft(5000) == 3.0
+    assert costs.gamma_max == 2  # verifying γ + 1 = 3 tokens is the most measured
+    assert StepCosts({(100, 1): 10.0}).draft(100) == 0.0 and StepCosts({(100, 1): 10.0}).gamma_max == 1
+
+
+def test_acceptance_is_the_geometric_mle_over_the_turns_blocks():
+    estimate = AcceptanceEstimate()
+    assert estimate.alpha is None  # no evidence yet
+    estimate.add(drafted=5, accepted=5)  # accepted in full: 5 successes, no failure seen
+    assert estimate.alpha == 1.0
+    estimate.add(drafted=5, accepted=2)  # 2 successes, then a rejection
+    estimate.add(drafted=3, accepted=0)
+    estimate.add(drafted=0, accepted=0)  # a block cut to no draft says nothing
+    assert estimate.alpha == pytest.approx(7 / 9)
+
+
+def test_cost_schedule_drafts_gamma_first_then_the_best_length_and_is_constant_without_costs():
+    schedule = GammaSchedule("cost", 4, costs=LINEAR)
+    assert schedule.length(64) == 4  # no evidence yet: the profile's γ
+    schedule.update(drafted=4, accepted=4)
+    schedule.update(drafted=4, accepted=0)  # α̂ = 4 / 5 = 0.8
+    assert schedule.length(64) == best_gamma(LINEAR, 64, 0.8) == 3
+    without = GammaSchedule("cost", 4)
+    without.update(drafted=4, accepted=0)
+    assert without.length(64) == 4
+
+
+@pytest.mark.parametrize("drafter", ["m", "tabed"])
+def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, drafter):
+    """Verification priced at 10 ms per token makes γ = 1 the best after the first block (E[τ] / (γ + 1) falls with
+    γ): the blocks then draft 1 token, and the tokens are still the target's."""
+    target = tiny_models["target"]
+    steep = StepCosts({(s, n): 10.0 * n for s in (16, 256) for n in range(1, 8)}, {16: 0.5, 256: 0.5})
+    decoder = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models["perturbed"]), gamma=4,
+                                 max_new_tokens=MAX_NEW, gamma_schedule="cost", step_costs=steep)
+    turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
+    assert turn.token_ids == reference(target, [QUESTION], [], 1)
+    drafted = [len(b.draft) for b in turn.blocks]
+    assert drafted[0] == 4 and 1 in drafted[1:] and set(drafted[1:]) <= {0, 1}  # 0: the last block, cut at the limit
+
+
+def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():
+    from mmspec_cli.bench.latency import LatencyResult, step_costs
+
+    result = LatencyResult("cpu", "target", "draft", target_ms={"64,1": 10.0, "64,3": 14.0},
+                           draft_ms={"1,64": 1.0, "2,64": 1.5}, head_ms={"eagle": {"64": 0.25}},
+                           ssd_ms={"ssd:plain": {"64": 4.0}}, ssd={"layer": 2, "imitation": None})
+    verify = {(64, 1): 10.0, (64, 3): 14.0}
+    assert step_costs(result, "m") == StepCosts(verify, {64: 1.0})  # one draft row
+    assert step_costs(result, "mt").draft(64) == step_costs(result, "tabed").draft(64) == 1.5  # two rows
+    assert step_costs(result, "tabed:mtp") is None  # three rows were not timed
+    assert step_costs(result, "eagle").draft(64) == 0.25 and step_costs(result, "vispec") is None
+    assert step_costs(result, "ssd:plain", ssd_layer=2).draft(64) == 4.0
+    assert step_costs(result, "ssd:plain", ssd_layer=3) is None  # timed at another layer
+    assert step_costs(result, "oracle") == step_costs(result, "pld") == StepCosts(verify)  # no model drafts
+    assert step_costs(result, "ar") is None  # drafts nothing
+
+
+def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypatch, tiny_dirs):
+    from mmspec_cli.bench import latency
+
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
+    spec = profile_from_dict({"target": {"model": tiny_dirs["target"]}, "draft": {"model": tiny_dirs["perturbed"]},
+                              "decoding": {"gamma_schedule": "cost", "compile": True}},
+                             "tiny", str(tmp_path / "t.yaml"))
+    costs, note = latency.run_step_costs(spec, ["ar", "m", "eagle"], "cpu", threads=2)
+    here = latency.device_name("cpu")
+    assert costs == {} and note == (
+        f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this profile and "
+        f"drafters m, eagle; they use the constant γ = 5 (run mmspec profile-latency --profile {tmp_path / 't.yaml'} "
+        f"--threads 2 --compile first)")
+    latency.save(latency.LatencyResult(here, tiny_dirs["target"], tiny_dirs["perturbed"], {"64,1": 10.0},
+                                       {"1,64": 1.0}, compiled=True))
+    costs, note = latency.run_step_costs(spec, ["ar", "m", "eagle"], "cpu")
+    assert set(costs) == {"m"} and "for this profile and drafter eagle; it uses the constant γ = 5" in note
+    assert latency.run_step_costs(spec, ["ar", "m"], "cpu") == ({"m": costs["m"]}, None)
+    constant = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, gamma_schedule="constant"))
+    assert latency.run_step_costs(constant, ["m"], "cpu") == ({}, None)  # another schedule: nothing looked up
+    width = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, tree="width", tree_width=2))
+    assert latency.run_step_costs(width, ["m"], "cpu") == (
+        {}, "note: --gamma-schedule cost prices chains, not a width tree; it uses the constant γ = 5")

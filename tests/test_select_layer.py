@@ -199,3 +199,19 @@ def test_a_later_turns_own_images_are_read(files):
     out = json.loads(result.stdout)
     assert out["samples"] == 1 and out["positions"] == 2 * 6  # two turns of max_new_tokens each, read in full
     assert out["chosen"] == JUMP and out["empirical"][0]["block_efficiency"] >= 1
+
+
+# --------------------------------------------------------------------------- select-layer --write
+
+
+def test_select_layer_refuses_an_unwritable_write_path_before_calibrating(files, no_model_loading):
+    result = runner.invoke(app, ["select-layer", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+                                 "--write", "/proc/x.yaml"])
+    assert_one_line_error(result, "--write '/proc/x.yaml' can't be written")
+
+
+def test_the_write_check_leaves_no_file_behind(files, tmp_path, no_model_loading):
+    target = tmp_path / "ssd.yaml"
+    result = runner.invoke(app, ["select-layer", "--profile", files["profile"], "--write", str(target)])
+    assert_one_line_error(result, "pass one calibration SOURCE")  # refused after the --write check
+    assert not target.exists()

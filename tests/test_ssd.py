@@ -17,8 +17,9 @@ from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.sampling import TokenPicker
 
 from tests.conftest import load
-from tests.helpers import FOLLOW_UP, QUESTION, assert_one_line_error, decode, save_images, write_profile
-from tests.test_engine_greedy import reference
+from tests.helpers import (FOLLOW_UP, QUESTION, after_block, assert_one_line_error, begin_turn, chain, decode, save_images,
+                           write_profile)
+from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 LAYERS = 4
@@ -68,14 +69,15 @@ def test_draft_is_the_targets_first_layers(deep, layer):
     vision = {k: v.to(deep.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer), gamma=4, max_new_tokens=24)
     drafter = decoder.drafter
-    drafter.begin_turn(text, tiny.images(1))
-    draft = drafter.propose([], 4, TokenPicker(decoder.sampling))
+    begin_turn(decoder, text, tiny.images(1))
+    draft = drafter.propose([], chain(4), TokenPicker(decoder.sampling))
     assert draft.tokens == early_exit_greedy(deep, layer, prompt.ids, vision, 4)
     # the draft's entries were cropped again: every layer of the target's cache holds the same positions
-    lengths = {layer_cache.get_seq_length() for layer_cache in decoder.runner.cache.layers}
-    assert lengths == {len(prompt.ids) - 1} and len(decoder.runner.ids) == len(prompt.ids) - 1
+    lengths = {layer_cache.get_seq_length() for layer_cache in decoder.cached_target.cache.layers}
+    assert lengths == {len(prompt.ids) - 1} and decoder.cached_target.length == len(prompt.ids) - 1
     generated = early_exit_greedy(deep, LAYERS, prompt.ids, vision, 2)  # the target's own next tokens
-    assert drafter.propose(generated, 3, TokenPicker(decoder.sampling)).tokens == early_exit_greedy(
+    after_block(decoder, prompt, generated)
+    assert drafter.propose(generated, chain(3), TokenPicker(decoder.sampling)).tokens == early_exit_greedy(
         deep, layer, prompt.ids + generated, vision, 3)
 
 

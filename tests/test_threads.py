@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.profiles import load_profile
 from mmspec_cli.models.threads import SMALL_MODEL_PARAMS, choose_threads
+from tests.helpers import write_profile
 
 BIG = 10 * SMALL_MODEL_PARAMS
 
@@ -80,5 +83,32 @@ def test_generate_reports_its_choice_and_bench_records_carry_it(tiny_dirs, tmp_p
         assert_one_line_error(runner.invoke(app, ["generate", image, "-q", "what?", "--profile", profile],
                                             env={"MMSPEC_THREADS": "many"}),
                               "MMSPEC_THREADS: expected a number of CPU threads >= 1")
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- the library's threads
+
+
+def test_load_decoder_applies_the_clis_thread_choice_unless_told_otherwise(tiny_dirs, tmp_path, monkeypatch):
+    from mmspec_cli.api import ModelSet, load_decoder
+
+    monkeypatch.delenv("MMSPEC_THREADS", raising=False)
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], tiny_dirs["perturbed"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        load_decoder(profile, drafter="ar")
+        assert torch.get_num_threads() == 1  # a small target: 1 thread, as the CLI chooses
+        torch.set_num_threads(2)
+        load_decoder(profile, drafter="ar", threads=None)
+        assert torch.get_num_threads() == 2  # left alone
+        load_decoder(profile, drafter="ar", threads=3)
+        assert torch.get_num_threads() == 3
+        monkeypatch.setenv("MMSPEC_THREADS", "2")
+        models = ModelSet.load(load_profile(profile), ["ar"])
+        assert torch.get_num_threads() == 2 and models.threads.reason == "MMSPEC_THREADS"
+        with pytest.raises(InputError, match="threads: expected a number of CPU threads >= 1"):
+            load_decoder(profile, drafter="ar", threads=0)
     finally:
         torch.set_num_threads(before)

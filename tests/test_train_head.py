@@ -41,7 +41,7 @@ from mmspec_cli.training.trainer import TrainConfig, batch_indices, copy_embeddi
 from tests import tiny
 from tests.helpers import assert_one_line_error, own_generate, save_images, write_profile
 from tests.test_heads import random_head
-from tests.test_engine_greedy import reference
+from tests.helpers import reference
 
 runner = CliRunner()
 QUESTIONS = ["what is in the image?", "describe the picture in detail", "how many shapes are there?",

@@ -1,6 +1,6 @@
-"""``train-head`` as a new user meets it: other people's folders, full disks, long names, wild numbers, Ctrl-C,
-edited samples and heads used with the wrong target. Each fault is one line (exit 2, or 130 for Ctrl-C) and
-leaves nothing behind that a later run would trust.
+"""``train-head``'s run (``mmspec_cli/training/run.py``) as a new user meets it: other people's folders, full
+disks, long names, wild numbers, Ctrl-C, edited samples and heads used with the wrong target. Each fault is one line
+(exit 2, or 130 for Ctrl-C) and leaves nothing behind that a later run would trust.
 """
 
 from __future__ import annotations

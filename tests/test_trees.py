@@ -22,7 +22,7 @@ from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
 
 from tests.helpers import save_images, write_profile
 from tests.helpers import assert_one_line_error
-from tests.test_engine_greedy import FOLLOW_UP, MAX_NEW, QUESTION, reference
+from tests.helpers import FOLLOW_UP, MAX_NEW, QUESTION, reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
 BRANCHES = [[50, 60, 70], [80, 90, 100], [110, 120, 130]]
