@@ -385,7 +385,9 @@ class CompiledStep:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         state.wrote(size, kept=n)
-        return tuple(out[:, :n].clone() for out in outputs)  # a CUDA graph's outputs are overwritten by its next replay
+        if self.graphs.device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
+            return tuple(out[:, :n].clone() for out in outputs)
+        return tuple(out[:, :n] for out in outputs)  # a CPU graph allocates its outputs at every call
 
 
 def pad_mask(mask: torch.Tensor, written_at: int, pad: int) -> torch.Tensor:

@@ -168,6 +168,8 @@ class CachedModel:
     def rollback(self, length: int) -> None:
         """Hold only the first ``length`` ids: the step after verification that drops a rejected draft's tail
         (self-speculative drafting then extends them again)."""
+        if self.tree is None and length >= len(self.ids):  # nothing to drop (every draft accepted): no state to move
+            return
         self._still_held()
         self._drop_tree()
         self._crop(length)

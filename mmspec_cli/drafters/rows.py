@@ -335,6 +335,8 @@ class BatchedRows:
 
     def rollback(self, keep: int) -> None:
         """Keep the prefixes and the first ``keep`` shared tokens in the cache and the mask."""
+        if keep >= len(self.shared) and self.tree is None:  # nothing to drop
+            return
         prefix_len = self.mask.shape[1] - len(self.shared)
         self.state.rollback(prefix_len + keep)
         self.mask = self.mask[:, : prefix_len + keep]
