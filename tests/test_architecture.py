@@ -175,12 +175,13 @@ def test_the_drafter_contract_has_six_members():
 
 def test_how_to_add_a_drafter_names_every_method_a_drafter_implements_and_nothing_that_is_gone():
     from mmspec_cli.decoding.drafter import Drafter
-    from mmspec_cli.drafters.tree_drafting import TreeDrafting
+    from mmspec_cli.drafters.tree_drafting import TreeStep
 
     text = section("How to add a drafter")
     named = set(re.findall(r"`(\w+)(?:\(\))?`", text))
-    needed = set(Drafter.__abstractmethods__) | hooks(Drafter) | hooks(TreeDrafting) | {"draft_tree"}
-    assert {"begin_turn", "propose", "accept", "observe", "tree_root", "tree_level", "keep_fed", "tree_done"} <= needed
+    needed = (set(Drafter.__abstractmethods__) | hooks(Drafter) | set(TreeStep.__dataclass_fields__)
+              | {"TreeDrafts", "DraftStep", "draft_chain", "DrafterTraits", "TurnStart", "Kept", "DraftShape"})
+    assert {"begin_turn", "propose", "accept", "observe", "root", "level", "keep", "done"} <= needed
     assert needed <= named, f"'How to add a drafter' should name {sorted(needed - named)}"
     gone = named - defined_names()
     assert not gone, f"'How to add a drafter' names {sorted(gone)}, which mmspec_cli no longer defines"

@@ -234,7 +234,7 @@ def test_every_kept_node_scores_its_path_as_the_draft_alone_would(tiny_models):
     # keeping an accepted path leaves exactly its fed nodes in the draft's cache, in order
     deepest = max(range(len(tree.tokens)), key=lambda n: tree.topology.depths[n])
     path = tree.topology.path(deepest)
-    drafter.keep_path(path)
+    drafter.trees.keep_path(path)
     kept = drafter.cached.ids[len(prompt.ids):]
     assert kept == [tree.tokens[n] for n in path[: len(kept)]] and len(kept) >= len(path) - 1
     fresh = CachedModel(draft.model, "draft", draft.image_token_id)

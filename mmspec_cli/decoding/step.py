@@ -120,9 +120,9 @@ class BlockStep:
             logits = self.cached_target.extend([self._held_then(prompt, generated), *draft.tokens], keep)  # (γ+1, V)
         else:
             logits = self._feed_prompt(prompt, generated, draft.tokens, keep)
-        tokens = torch.tensor(draft.tokens, dtype=torch.long)
         if picker.greedy:
-            return verify_greedy(tokens, logits), logits
+            return verify_greedy(draft.tokens, logits), logits
+        tokens = torch.tensor(draft.tokens, dtype=torch.long)
         return verify_sampling(tokens, draft.probs, picker.distribution(logits), picker.generator), logits
 
     def _verify_tree(self, prompt: ModelPrompt, generated: list[int], tree: TreeDraft,

@@ -240,7 +240,7 @@ class PendingTree:
 
     Nodes are numbered in the order they are fed. A width tree is fed level by level in node
     order, so these are its node numbers; a dynamic tree feeds only the nodes it expands, and the
-    drafting loop maps its nodes to these numbers (``TreeDrafting._fed``).
+    drafting loop maps its nodes to these numbers (``TreeDrafts.fed``).
     """
 
     def __init__(self, base: int):

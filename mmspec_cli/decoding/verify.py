@@ -35,13 +35,16 @@ class Verdict:
     next_token: int
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """draft_tokens: (γ,) ids; target_logits: (γ+1, V), row i scores the token after draft i-1."""
-    gamma = draft_tokens.shape[0]
-    target_choice = target_logits.argmax(dim=-1)  # (γ+1,)
-    matches = (draft_tokens.to(target_choice.device) == target_choice[:gamma]).long()  # (γ,)
-    accepted = int(matches.cumprod(dim=0).sum()) if gamma else 0
-    return Verdict(accepted=accepted, next_token=int(target_choice[accepted]))
+def verify_greedy(draft_tokens: torch.Tensor | Sequence[int], target_logits: torch.Tensor) -> Verdict:
+    """draft_tokens: (γ,) ids; target_logits: (γ+1, V), row i scores the token after draft i-1. The longest prefix
+    of the draft that equals the target's argmax, then the target's argmax after it. One argmax and one copy to the
+    host; the prefix is compared in Python (a block's γ is small: tensor ops would cost more than they save)."""
+    drafted = draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else list(draft_tokens)
+    target_choice = target_logits.argmax(dim=-1).tolist()  # γ + 1 ids
+    accepted = 0
+    while accepted < len(drafted) and drafted[accepted] == target_choice[accepted]:
+        accepted += 1
+    return Verdict(accepted=accepted, next_token=target_choice[accepted])
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

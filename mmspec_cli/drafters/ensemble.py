@@ -25,7 +25,7 @@ from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.sampling import TokenPicker, working_dtype
 from mmspec_cli.decoding.verify import Verdict
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
-from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep, probabilities_log_proposal
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import fit_vocab
 from mmspec_cli.drafters.views import RowView
@@ -38,7 +38,7 @@ def member_distributions(logits: torch.Tensor, picker: TokenPicker) -> torch.Ten
     return picker.distribution(logits)
 
 
-class EnsembleDrafter(TreeDrafting, Drafter):
+class EnsembleDrafter(Drafter):
     """Members ``names`` (e.g. "m", "t") drafted as rows of one batch and mixed by ``policy``."""
 
     def __init__(self, name: str, members: Sequence[str], views: Sequence[RowView], draft: LoadedModel,
@@ -50,6 +50,8 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         self.target_vocab = target_vocab
         self.rows = BatchedRows(draft.model, draft.image_token_id)
         self.step = DraftStep(self._feed, from_logits=False)
+        self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=self.rows.keep_path,
+                                         log_proposal=probabilities_log_proposal))  # the mixture is a distribution
         self.prompt_fed = False  # whether the turn's rows are caught up (after its first block)
         self.base = 0  # shared tokens held before the block's drafts
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
@@ -96,7 +98,7 @@ class EnsembleDrafter(TreeDrafting, Drafter):
         self._weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
         weights = [float(w) for w in self._weights]
         if shape.tree:
-            tree = self.draft_tree(verified, shape, picker)
+            tree = self.trees.draft(verified, shape, picker)
             self._block_q = None
             return dataclasses.replace(tree, weights=weights)
         self._picker = picker
@@ -109,34 +111,27 @@ class EnsembleDrafter(TreeDrafting, Drafter):
     def accept(self, kept: Kept) -> None:
         """Keep the verified context and the kept drafts the block fed to every row (a tree: its accepted path)."""
         if kept.nodes is not None:
-            self.keep_path(kept.nodes)
+            self.trees.keep_path(kept.nodes)
         else:
             self.rows.rollback(min(self.rows.held, self.base + kept.count))
 
-    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """The mixture at the last verified token (every member row in one forward), with the block's weights."""
         self._root_q = self._catch_up(verified, picker)  # (m, V)
         self._node_q = []
         return mixture(self._root_q, self._weights)  # (V,)
 
-    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """Every member row × every node of the level in ONE forward; each node's mixture with the block's weights."""
         logits = fit_vocab(self.rows.tree_logits(tokens, parents), self.target_vocab)  # (m, n, V)
         q_k = member_distributions(logits.transpose(0, 1), picker)  # (n, m, V)
         self._node_q.extend(q_k)
         return mixture(q_k, self._weights)  # (n, V)
 
-    def keep_fed(self, fed: Sequence[int]) -> None:
-        self.rows.keep_path(fed)
-
-    def log_proposal(self, proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
-        """The mixture is a distribution, greedy or not."""
-        return proposal.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log()
-
     def _branch_q(self, nodes: Sequence[int]) -> torch.Tensor:
         """(γ, m, V): the member distributions each token of a tree branch was picked from (after the
         root, then after each fed node of the path)."""
-        return torch.stack([self._root_q] + [self._node_q[self._fed[node]] for node in nodes[:-1]])
+        return torch.stack([self._root_q] + [self._node_q[self.trees.fed[node]] for node in nodes[:-1]])
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:
         """Record the verified positions: those whose prefix the target accepted (accepted + 1, at most γ)."""

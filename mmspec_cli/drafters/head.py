@@ -36,13 +36,13 @@ from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
-from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
 from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, image_runs, layer_step
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt, process
 
 
-class HeadDrafter(TreeDrafting, Drafter):
+class HeadDrafter(Drafter):
     """``eagle`` / ``vispec``: draft with ``head`` over the target's features and its LM head."""
 
     def __init__(self, target: LoadedModel, head: DraftHead):
@@ -59,6 +59,9 @@ class HeadDrafter(TreeDrafting, Drafter):
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (head_step)
         self.step = DraftStep(self._feed)
+        # a tree's nodes leave the head's cache when it is drafted: nothing to keep after verification
+        self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=lambda fed: None,
+                                         done=self._tree_done))
         self.base = 0  # entries before the block's drafts
         self.image_runs: list[tuple[int, int]] = []  # the prompt's image runs (models.head.image_runs), per turn
         self._reset_head()
@@ -174,7 +177,7 @@ class HeadDrafter(TreeDrafting, Drafter):
     @torch.inference_mode()
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         if shape.tree:
-            return self.draft_tree(verified, shape, picker)
+            return self.trees.draft(verified, shape, picker)
         self._position = self._catch_up(verified)  # the last verified token's position: drafts follow it
         tokens, drawn_from = draft_chain(self.step, self._logits(self.last_h), self.last_h, shape.length, picker)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
@@ -210,7 +213,7 @@ class HeadDrafter(TreeDrafting, Drafter):
     # ------------------------------------------------------------------ trees (tree_drafting)
 
     @torch.inference_mode()
-    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         position = self._catch_up(verified)
         self._tree = PendingTree(base=self.entries)
         self._shift = position - self.entries  # a node's position: the last verified token's + its depth
@@ -218,7 +221,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         return proposal(self._logits(self.last_h), picker)  # (V,)
 
     @torch.inference_mode()
-    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE head forward of the level's nodes, each fed with its parent's output and seeing its own branch."""
         parents_h = torch.stack([self.last_h if p == ROOT else self._outputs[p] for p in parents])  # (n, H)
         nodes = self._tree.add(tokens, parents)
@@ -227,7 +230,7 @@ class HeadDrafter(TreeDrafting, Drafter):
         self._outputs.extend(out)
         return proposal(self._logits(out), picker)  # (n, V)
 
-    def tree_done(self) -> None:
+    def _tree_done(self) -> None:
         self._tree.drop(self.state)
         self._outputs = []
 

@@ -17,7 +17,7 @@ from mmspec_cli.decoding.compiled import compiled_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.sampling import TokenPicker
-from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.models.prompts import ModelPrompt, process, text_only_ids
@@ -66,7 +66,7 @@ def model_step(model: torch.nn.Module) -> Callable:
     return step
 
 
-class SingleModelDrafter(TreeDrafting, Drafter):
+class SingleModelDrafter(Drafter):
     """Autoregressive drafting with the draft model's KV cache over one prompt view.
 
     Its cache holds the prompt view, the verified tokens but the last, and what the block fed of its draft;
@@ -80,6 +80,7 @@ class SingleModelDrafter(TreeDrafting, Drafter):
         self.traits = DrafterTraits(models=(draft.model,))
         self.cached = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
         self.step = DraftStep(self._feed)
+        self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=self._keep_fed))
         self.prompt = ModelPrompt(ids=[])
         self.prompt_fed = False  # whether the turn's prompt view is in the cache (after its first block)
         self.base = 0  # the cache's length before the block's drafts
@@ -121,23 +122,23 @@ class SingleModelDrafter(TreeDrafting, Drafter):
 
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         if shape.tree:
-            return self.draft_tree(verified, shape, picker)
+            return self.trees.draft(verified, shape, picker)
         tokens, drawn_from = draft_chain(self.step, self._catch_up(verified), None, shape.length, picker)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
     def accept(self, kept: Kept) -> None:
         """Keep the verified context and the kept drafts the block fed (a tree: its accepted path)."""
         if kept.nodes is not None:
-            self.keep_path(kept.nodes)
+            self.trees.keep_path(kept.nodes)
         else:
             self.cached.rollback(min(self.cached.length, self.base + kept.count))
 
-    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         return proposal(self._catch_up(verified), picker)  # (V,)
 
-    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes in the draft's cache, each seeing the prefix and its own branch."""
         return proposal(fit_vocab(self.cached.tree_logits(tokens, parents), self.target_vocab), picker)  # (n, V)
 
-    def keep_fed(self, fed: Sequence[int]) -> None:
+    def _keep_fed(self, fed: Sequence[int]) -> None:
         self.cached.keep_path(fed)

@@ -52,7 +52,7 @@ from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.drafters.single import proposal
-from mmspec_cli.drafters.tree_drafting import TreeDrafting
+from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
 
 
 def layer_count(model: Any) -> int:
@@ -133,7 +133,7 @@ def early_exit_logits(decoder: torch.nn.Module, lm_head: torch.nn.Module, state:
     return lm_head(hidden[0])  # (n, V)
 
 
-class SelfSpeculativeDrafter(TreeDrafting, Drafter):
+class SelfSpeculativeDrafter(Drafter):
     """``ssd``: draft with the target's first ``layer`` layers, over the target's own KV cache; with an
     ``imitation`` network (FastVLM's IN) between that layer and the final norm when one is given."""
 
@@ -150,6 +150,9 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         self.prompt = ModelPrompt(ids=[])
         self.prompt_fed = False  # whether the target holds the turn's prompt (after its first block)
         self.step = DraftStep(self._feed)
+        # the tree is drafted in the target's cache and given back (done): nothing to keep after verification
+        self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=lambda fed: None,
+                                         done=self._tree_done))
         self._view: KVState | None = None  # while a tree is drafted: the draft's view of the target's cache,
         self._context = 0  # the verified context it is cropped back to,
         self._tree: PendingTree | None = None  # and the tree's nodes in it
@@ -199,7 +202,7 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         context at once (verification recomputes the block and must find the pointers there), so ``accept`` has
         nothing to roll back."""
         if shape.tree:
-            return self.draft_tree(verified, shape, picker)
+            return self.trees.draft(verified, shape, picker)
         context, self._view = self._start(verified)
         first = self._logits(self._view, [self._last(verified)])[-1]
         tokens, drawn_from = draft_chain(self.step, first, None, shape.length, picker)
@@ -210,13 +213,13 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
         return self._logits(self._view, [token])[-1], None
 
     @torch.inference_mode()
-    def tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         self._context, self._view = self._start(verified)
         self._tree = PendingTree(base=self._context + 1)  # the tree hangs off the last verified token, fed here
         return proposal(self._logits(self._view, [self._last(verified)])[-1], picker)  # (V,)
 
     @torch.inference_mode()
-    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
+    def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes through the shared layers, each seeing the prefix and its own branch."""
         nodes = self._tree.add(tokens, parents)
         mask, positions = self._tree.inputs(nodes, self.decoder.dtype, self.cached_target.device,
@@ -224,5 +227,5 @@ class SelfSpeculativeDrafter(TreeDrafting, Drafter):
                                             width=self._view.mask_width(len(nodes)))  # (1, 1, n, W), (1, n)
         return proposal(self._logits(self._view, tokens, attention_mask=mask, position_ids=positions), picker)
 
-    def tree_done(self) -> None:
+    def _tree_done(self) -> None:
         self._view.rollback(self._context)  # as in propose: verification recomputes the block

@@ -1,12 +1,14 @@
 """The loops that draft token trees, for every drafter that drafts trees: width-d trees (TABED §6.1)
 and EAGLE-2 dynamic trees (Li et al. 2024).
 
-A drafter's ``propose`` hands a tree shape to :meth:`TreeDrafting.draft_tree`; it supplies two steps and the
-loops do the rest:
+A drafter hands :class:`TreeDrafts` a :class:`TreeStep`, as it hands the chain loop a
+:class:`~mmspec_cli.decoding.chain.DraftStep`, and the loops do the rest:
 
-- ``tree_root(verified, picker)``: the proposal at the last verified token, (V,);
-- ``tree_level(tokens, parents, picker)``: feed one level of nodes (each seeing the prefix and
-  its own ancestors) in ONE forward and return the proposal after each node, (n, V).
+- ``root(verified, picker)``: the proposal at the last verified token, (V,);
+- ``level(tokens, parents, picker)``: feed one level of nodes (each seeing the prefix and
+  its own ancestors) in ONE forward and return the proposal after each node, (n, V);
+- ``keep(fed)``: after verification, keep these fed nodes (one path from the top) in the draft's cache;
+- ``done()``: the tree is drafted (``ssd`` gives the target's cache back here, a head drops its tree).
 
 A *proposal* is what a token is picked from: logits or probabilities when greedy (argmax),
 the probabilities it is drawn from when sampling.
@@ -22,14 +24,15 @@ the ``budget − 1`` best candidates are kept (:func:`~mmspec_cli.decoding.tree.
 are chosen deterministically, greedy or sampling alike; the verifier's rule for deterministic
 candidates keeps the target's distribution.
 
-Only some nodes are fed to the draft's cache; ``_fed`` maps a tree node to its number in the
-cache, so that ``keep_path`` (called from the drafter's ``accept``) keeps the accepted nodes the cache holds
-(``keep_fed``).
+Only some nodes are fed to the draft's cache; :attr:`TreeDrafts.fed` maps a tree node to its number in
+the cache, so that :meth:`TreeDrafts.keep_path` (called from the drafter's ``accept``) keeps the accepted
+nodes the cache holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -51,56 +54,68 @@ def pick(proposal: torch.Tensor, picker: TokenPicker) -> int:
     return int(proposal.argmax()) if picker.greedy else picker.choose_from(proposal)
 
 
-class TreeDrafting:
-    """Mixin: ``draft_tree`` (a width or a dynamic tree) from the drafter's ``tree_root`` and ``tree_level``."""
+def logits_log_proposal(proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+    """log q of a proposal: logits when greedy (a model's or a head's), probabilities when sampling."""
+    if picker.greedy:
+        return torch.log_softmax(proposal.to(torch.float64), dim=-1)
+    return proposal.to(torch.float64).log()
 
-    _fed: dict[int, int] = {}
 
-    def draft_tree(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> TreeDraft:
+def probabilities_log_proposal(proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
+    """log q of a proposal that is a distribution, greedy or not (an ensemble's mixture)."""
+    return proposal.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log()
+
+
+@dataclass
+class TreeStep:
+    """One drafter kind's tree steps (module doc): ``root``, ``level``, ``keep``, ``done``; ``log_proposal`` turns a
+    proposal into log q (the dynamic tree's scores)."""
+
+    root: Callable[[Sequence[int], TokenPicker], torch.Tensor]
+    level: Callable[[Sequence[int], Sequence[int], TokenPicker], torch.Tensor]
+    keep: Callable[[Sequence[int]], None]
+    done: Callable[[], None] = lambda: None
+    log_proposal: Callable[[torch.Tensor, TokenPicker], torch.Tensor] = logits_log_proposal
+
+
+class TreeDrafts:
+    """Width and dynamic trees from one drafter's :class:`TreeStep` (module doc); ``fed`` maps the last tree's nodes
+    to their numbers in the draft's cache."""
+
+    def __init__(self, step: TreeStep):
+        self.step = step
+        self.fed: dict[int, int] = {}
+
+    def draft(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> TreeDraft:
         """The tree ``shape`` asks for, after the ``verified`` tokens."""
         if shape.kind == "dynamic":
-            return self.propose_dynamic_tree(verified, shape.length, shape.budget, shape.topk, picker)
-        return self.propose_tree(verified, shape.length, shape.width, picker)
-
-    def tree_root(self, generated: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        raise NotImplementedError
-
-    def tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
-        raise NotImplementedError
-
-    def tree_done(self) -> None:
-        """The tree is drafted (``ssd`` gives the target's cache back here)."""
-
-    def log_proposal(self, proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
-        """log q of a proposal: logits when greedy (single drafters), probabilities when sampling."""
-        if picker.greedy:
-            return torch.log_softmax(proposal.to(torch.float64), dim=-1)
-        return proposal.to(torch.float64).log()
-
-    def keep_fed(self, fed: Sequence[int]) -> None:
-        """Keep these fed nodes (cache numbers, one path from the top) in the draft's cache."""
+            return self.dynamic(verified, shape.length, shape.budget, shape.topk, picker)
+        return self.width(verified, shape.length, shape.width, picker)
 
     def keep_path(self, nodes: Sequence[int]) -> None:
-        self.keep_fed([self._fed[node] for node in nodes if node in self._fed])
+        """After verification: keep the accepted ``nodes`` the draft's cache holds."""
+        self.step.keep([self.fed[node] for node in nodes if node in self.fed])
 
-    def propose_tree(self, generated: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
-        root = self.tree_root(generated, picker)  # (V,)
+    def width(self, verified: Sequence[int], gamma: int, width: int, picker: TokenPicker) -> TreeDraft:
+        step = self.step
+        root = step.root(verified, picker)  # (V,)
         firsts = first_tokens(root, width, picker)
         topology = TreeTopology.width(len(firsts), gamma)
         tokens, drawn_from = list(firsts), [root] * len(firsts)
         for depth in range(gamma - 1):
             level = topology.level(depth)
-            proposals = self.tree_level([tokens[n] for n in level], topology.parents_of(level), picker)  # (d, V)
+            proposals = step.level([tokens[n] for n in level], topology.parents_of(level), picker)  # (d, V)
             for proposal in proposals:  # the children of ``level``, in node order
                 tokens.append(pick(proposal, picker))
                 drawn_from.append(proposal)
-        self.tree_done()
-        self._fed = {node: node for node in range(len(topology) - len(firsts))}  # all levels but the last
+        step.done()
+        self.fed = {node: node for node in range(len(topology) - len(firsts))}  # all levels but the last
         return TreeDraft(topology, tokens, probs=None if picker.greedy else torch.stack(drawn_from))  # probs (n, V)
 
-    def propose_dynamic_tree(self, generated: Sequence[int], levels: int, budget: int, topk: int,
-                             picker: TokenPicker) -> TreeDraft:
-        log_q = self.log_proposal(self.tree_root(generated, picker), picker)[None]  # (1, V)
+    def dynamic(self, verified: Sequence[int], levels: int, budget: int, topk: int,
+                picker: TokenPicker) -> TreeDraft:
+        step = self.step
+        log_q = step.log_proposal(step.root(verified, picker), picker)[None]  # (1, V)
         parents: list[int] = []  # every candidate, in creation order
         tokens: list[int] = []
         scores: list[float] = []
@@ -116,11 +131,11 @@ class TreeDrafting:
                 break
             frontier = [first + i for i in best(child_scores, topk)]
             fed_parents = [fed.get(parents[node], ROOT) for node in frontier]
-            proposals = self.tree_level([tokens[node] for node in frontier], fed_parents, picker)  # (k, V)
+            proposals = step.level([tokens[node] for node in frontier], fed_parents, picker)  # (k, V)
             fed.update({node: len(fed) + i for i, node in enumerate(frontier)})  # numbered as the cache numbers them
-            log_q = self.log_proposal(proposals, picker)
+            log_q = step.log_proposal(proposals, picker)
             frontier_scores = torch.tensor([scores[node] for node in frontier], dtype=torch.float64)
-        self.tree_done()
+        step.done()
         topology, kept = rerank(parents, scores, budget - 1)
-        self._fed = {new: fed[old] for new, old in enumerate(kept) if old in fed}
+        self.fed = {new: fed[old] for new, old in enumerate(kept) if old in fed}
         return TreeDraft(topology, [tokens[old] for old in kept], scores=[scores[old] for old in kept])
