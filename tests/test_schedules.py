@@ -136,12 +136,33 @@ def test_acceptance_is_the_geometric_mle_over_the_turns_blocks():
     assert estimate.alpha == pytest.approx(7 / 9)
 
 
+def test_the_turns_blocks_give_the_expected_tokens_with_acceptance_in_runs():
+    """Half the blocks accept all their drafts, half none: E[τ(γ)] is what those blocks would have kept at γ (a full
+    block's tail beyond what it drafted from the geometric α̂), where the i.i.d. model spreads α̂ over every
+    position and so undervalues long drafts."""
+    estimate = AcceptanceEstimate()
+    for _ in range(3):
+        estimate.add(drafted=6, accepted=6)
+        estimate.add(drafted=6, accepted=0)
+    alpha = estimate.alpha  # 18 / 21
+    assert estimate.expected(2) == pytest.approx(1 + 0.5 * 2)
+    assert estimate.expected(6) == pytest.approx(1 + 0.5 * 6)
+    assert estimate.expected(8) == pytest.approx(1 + 0.5 * (6 + alpha + alpha ** 2))
+    # longer drafts gain more than the i.i.d. model says
+    assert estimate.expected(6) / estimate.expected(2) > expected_tokens(alpha, 6) / expected_tokens(alpha, 2)
+    # the shape changes the choice: drafting nearly free, verification linear in its tokens
+    cheap = StepCosts({(64, n): 10.0 + 2.0 * n for n in range(1, 10)}, {64: 0.5})
+    assert best_gamma(cheap, 64, alpha, gamma_max=6, expected=estimate.expected) == 6
+    assert best_gamma(cheap, 64, alpha, gamma_max=6) == 5
+    assert AcceptanceEstimate().expected(3) == 1.0
+
+
 def test_cost_schedule_drafts_gamma_first_then_the_best_length_and_is_constant_without_costs():
     schedule = GammaSchedule("cost", 4, costs=LINEAR)
     assert schedule.length(64) == 4  # no evidence yet: the profile's γ
     schedule.update(drafted=4, accepted=4)
     schedule.update(drafted=4, accepted=0)  # α̂ = 4 / 5 = 0.8
-    assert schedule.length(64) == best_gamma(LINEAR, 64, 0.8) == 3
+    assert schedule.length(64) == best_gamma(LINEAR, 64, 0.8, expected=schedule.acceptance.expected)
     without = GammaSchedule("cost", 4)
     without.update(drafted=4, accepted=0)
     assert without.length(64) == 4

@@ -17,7 +17,8 @@
       E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1)),
   from the step costs ``mmspec profile-latency`` measured on this machine (:class:`StepCosts`; the verification of
   γ + 1 tokens as measured, not priced as one step) and the acceptance α seen so far in the turn
-  (:class:`AcceptanceEstimate`). The first block of a turn, before any evidence, drafts the profile's γ. γ is in
+  (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, which keeps how acceptance comes in runs). The
+  first block of a turn, before any evidence, drafts the profile's γ. γ is in
   [1, γ_max] with γ_max = the largest token count whose verification was measured, minus one (so verifying
   γ_max + 1 tokens is a measured cost, never an extrapolated one; the default grid 1, 3, 5, 7 gives γ_max = 6,
   ``profile-latency --gammas 1,3,5,7,9`` allows 8). Without step costs it is ``constant``.
@@ -29,7 +30,7 @@ still cuts the scheduled length so that ``max_new_tokens`` is exact.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mmspec_cli.choices import SCHEDULES
@@ -131,15 +132,18 @@ def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
     return gamma * costs.draft(seq) + costs.verify(seq, gamma + 1)
 
 
-def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None) -> int:
+def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None,
+               expected: Callable[[int], float] | None = None) -> int:
     """The γ in [1, γ_max] maximising the expected tokens per ms of a block,
-    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1)) (:func:`expected_tokens` over :func:`block_ms`); ties go to the shorter draft. ``gamma_max``: by default
-    ``costs.gamma_max``."""
+    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1)) (E[τ] over :func:`block_ms`); ties go to the shorter draft. E[τ(γ)] is
+    ``expected(γ)`` when given (the turn's observed acceptance: :meth:`AcceptanceEstimate.expected`), else
+    :func:`expected_tokens` at ``alpha``. ``gamma_max``: by default ``costs.gamma_max``."""
     top = costs.gamma_max if gamma_max is None else gamma_max
     curve, step = costs.verify_curve(seq), costs.draft(seq)  # block_ms, with the S interpolation done once
+    tokens = expected if expected is not None else (lambda gamma: expected_tokens(alpha, gamma))
     best, best_rate = 1, -1.0
     for gamma in range(1, max(1, top) + 1):
-        rate = expected_tokens(alpha, gamma) / (gamma * step + interpolate(curve, gamma + 1))
+        rate = tokens(gamma) / (gamma * step + interpolate(curve, gamma + 1))
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = gamma, rate
     return best
@@ -159,17 +163,38 @@ class AcceptanceEstimate:
 
     accepted: int = 0
     rejections: int = 0
+    blocks: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) of each block that drafted
 
     def add(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         self.accepted += accepted
         self.rejections += accepted < drafted
+        self.blocks.append((drafted, accepted))
 
     @property
     def alpha(self) -> float | None:
         seen = self.accepted + self.rejections
         return self.accepted / seen if seen else None
+
+    def expected(self, gamma: int) -> float:
+        """E[τ(γ)] from the blocks seen: 1 + the mean over blocks of the drafts a block of γ would have kept,
+        min(accepted, γ) where the block shows it (it drafted γ or more, or stopped at a rejection), and for a
+        block accepted in full that drafted d < γ, d plus the geometric tail's α̂(1 − α̂^{γ−d}) / (1 − α̂). Unlike
+        :func:`expected_tokens` it keeps how acceptance comes in runs (whole phrases the draft knows, then none),
+        which the i.i.d. model prices as if every position were alike and so favours short drafts; the tail beyond
+        what was drafted is the only part the geometric model supplies. Before any block: :func:`expected_tokens`
+        at α = 0, i.e. 1."""
+        if not self.blocks:
+            return 1.0
+        alpha = self.alpha or 0.0
+        total = 0.0
+        for drafted, accepted in self.blocks:
+            if accepted < drafted or gamma <= drafted:
+                total += min(accepted, gamma)
+            else:
+                total += drafted + expected_tokens(alpha, gamma - drafted) - 1.0  # the tail's expected accepts
+        return 1.0 + total / len(self.blocks)
 
 
 def check_schedule(name: str) -> str:
@@ -198,7 +223,7 @@ class GammaSchedule:
         if self.name == "fastvlm":
             return fastvlm_length(self.gamma, context, self.max_length)
         if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
-            return best_gamma(self.costs, context, self.acceptance.alpha)
+            return best_gamma(self.costs, context, self.acceptance.alpha, expected=self.acceptance.expected)
         return self.current
 
     def update(self, drafted: int, accepted: int) -> None:
