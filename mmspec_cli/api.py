@@ -198,6 +198,6 @@ def load_decoder(profile: str | None = None, *, threads: int | str | None = AUTO
     chosen = apply_overrides(load_profile(profile), **overrides)
     if chosen.decoding.gamma_schedule == "cost" and step_costs is None and chosen.drafter != "ar":
         print(f"note: gamma_schedule cost was given no step_costs; drafter {chosen.drafter} drafts the constant "
-              f"γ = {chosen.decoding.gamma} (pass step_costs=, e.g. from mmspec_cli.bench.latency.run_step_costs after "
-              f"mmspec profile-latency)", file=sys.stderr)
+              f"γ = {chosen.decoding.gamma} (pass step_costs=: run_step_costs(profile, [drafter], device, threads)[0]"
+              f"[drafter] of mmspec_cli.bench.latency, after mmspec profile-latency)", file=sys.stderr)
     return decoder_from_profile(chosen, threads=threads, step_costs=step_costs)

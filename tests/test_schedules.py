@@ -180,6 +180,11 @@ def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, draft
     assert turn.token_ids == reference(target, [QUESTION], [], 1)
     drafted = [len(b.draft) for b in turn.blocks]
     assert drafted[0] == 4 and 1 in drafted[1:] and set(drafted[1:]) <= {0, 1}  # 0: the last block, cut at the limit
+    if drafter == "m":  # a tree's verification is not the chain's γ + 1 tokens the costs price: the constant γ
+        tree = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models["perturbed"]), gamma=4,
+                                  max_new_tokens=MAX_NEW, gamma_schedule="cost", step_costs=steep, tree_width=2)
+        blocks = tree.generate(tiny.images(1), [QUESTION]).turns[0].blocks
+        assert [len(b.tree[0]) for b in blocks[:3]] == [4, 4, 4]  # (the costs would make the second block's 1)
 
 
 def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():

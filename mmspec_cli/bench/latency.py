@@ -541,7 +541,8 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
         f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
     layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(missing) else None  # the run's, which may be a flag's
     command = (f"mmspec profile-latency --profile {profile_argument(profile)}"
-               f"{f' --threads {threads}' if threads else ''}{' --compile' if decoding.compile else ''}"
+               f"{f' --threads {threads or torch.get_num_threads()}' if str(device).startswith('cpu') or threads else ''}"
+               f"{' --compile' if decoding.compile else ''}"
                f"{f' --ssd-layer {layer}' if layer else ''}")
     return costs, (f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this "
                    f"profile{which}; {'it uses' if len(missing) == 1 else 'they use'} the constant γ = "

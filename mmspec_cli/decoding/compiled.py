@@ -21,7 +21,8 @@ target's compiled step. A greedy chain is one graph too (:func:`compiled_chain`:
 **One per model and process.** A model (or head) has one compiled step and one static state per
 purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
 decoder of a process (``bench`` and ``compare`` build many) reuses the graphs; an owner that finds
-the state used by another since feeds its prompt again.
+the state used by another since feeds its prompt again at its next turn (in the middle of a turn that is an
+error: ``kv.LOST_STATE``).
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:

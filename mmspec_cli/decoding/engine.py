@@ -183,7 +183,8 @@ class SpeculativeDecoder:
             check_context(model.config, tokens, max_new_tokens, "draft", f"the prompt as drafter {self.drafter.name} "
                           f"shows it to the draft")
         output = TurnOutput(turn, self.eos)
-        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length, costs=self.step_costs)
+        costs = None if self.tree.drafts_tree else self.step_costs  # the cost schedule prices chains
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length, costs=costs)
         while not output.finished and len(output.tokens) < max_new_tokens:
             room = max_new_tokens - len(output.tokens) - 1  # the target adds one token after the drafts
             gamma = self.step.length(schedule.length(len(prompt.ids) + len(output.tokens)), room)

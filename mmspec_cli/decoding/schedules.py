@@ -163,14 +163,22 @@ class AcceptanceEstimate:
 
     accepted: int = 0
     rejections: int = 0
-    blocks: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) of each block that drafted
+    blocks: int = 0  # blocks that drafted
+    kept_up_to: list[int] = field(default_factory=list)  # [γ − 1]: Σ over blocks of min(accepted, γ)
+    full: dict[int, int] = field(default_factory=dict)  # drafted length d -> blocks that accepted all d
 
     def add(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         self.accepted += accepted
         self.rejections += accepted < drafted
-        self.blocks.append((drafted, accepted))
+        self.blocks += 1
+        if len(self.kept_up_to) < drafted:
+            self.kept_up_to += [self.kept_up_to[-1] if self.kept_up_to else 0] * (drafted - len(self.kept_up_to))
+        for g in range(len(self.kept_up_to)):  # a block keeps min(accepted, γ) of a draft of γ (more: the tail)
+            self.kept_up_to[g] += min(accepted, g + 1)
+        if accepted == drafted:
+            self.full[drafted] = self.full.get(drafted, 0) + 1
 
     @property
     def alpha(self) -> float | None:
@@ -183,18 +191,16 @@ class AcceptanceEstimate:
         block accepted in full that drafted d < γ, d plus the geometric tail's α̂(1 − α̂^{γ−d}) / (1 − α̂). Unlike
         :func:`expected_tokens` it keeps how acceptance comes in runs (whole phrases the draft knows, then none),
         which the i.i.d. model prices as if every position were alike and so favours short drafts; the tail beyond
-        what was drafted is the only part the geometric model supplies. Before any block: :func:`expected_tokens`
-        at α = 0, i.e. 1."""
+        what was drafted is the only part the geometric model supplies. Before any block: 1. Its cost does not
+        grow with the turn: running sums per γ, and the fully accepted blocks counted by their length."""
         if not self.blocks:
             return 1.0
+        sums = self.kept_up_to  # past the longest draft, min(accepted, γ) is every block's accepted count: the last sum
+        kept = sums[min(gamma, len(sums)) - 1]
         alpha = self.alpha or 0.0
-        total = 0.0
-        for drafted, accepted in self.blocks:
-            if accepted < drafted or gamma <= drafted:
-                total += min(accepted, gamma)
-            else:
-                total += drafted + expected_tokens(alpha, gamma - drafted) - 1.0  # the tail's expected accepts
-        return 1.0 + total / len(self.blocks)
+        tail = sum(count * (expected_tokens(alpha, gamma - drafted) - 1.0)
+                   for drafted, count in self.full.items() if drafted < gamma)
+        return 1.0 + (kept + tail) / self.blocks
 
 
 def check_schedule(name: str) -> str:

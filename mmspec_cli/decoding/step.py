@@ -53,7 +53,7 @@ class BlockStep:
         self.cached_target = cached_target
         self.drafter = drafter
         self.settings = settings
-        self.trees = settings.drafts_tree and drafter.traits.drafts
+        self.drafts_trees = settings.drafts_tree and drafter.traits.drafts
         self.prompt_fed = False  # whether this turn's prompt is in the target's state (after the turn's first block)
 
     def begin_turn(self) -> None:
@@ -67,7 +67,7 @@ class BlockStep:
     def shape(self, gamma: int) -> DraftShape:
         """What a block of ``gamma`` asks the drafter for: a chain, or the settings' tree."""
         s = self.settings
-        if not self.trees:
+        if not self.drafts_trees:
             return DraftShape(gamma)
         return DraftShape(gamma, s.kind, width=s.width, budget=s.budget, topk=s.topk)
 

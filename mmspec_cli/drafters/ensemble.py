@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -55,7 +54,7 @@ class EnsembleDrafter(Drafter):
         self.prompt_fed = False  # whether the turn's rows are caught up (after its first block)
         self.base = 0  # shared tokens held before the block's drafts
         self.policy = WeightPolicy(len(members), policy, vocab_size=target_vocab, seed=seed)
-        self.prefix: list[int] = []  # shared tokens before this turn's generated ones (later turns)
+        self.turn_shared: list[int] = []  # shared tokens before this turn's generated ones (later turns)
         self._picker: TokenPicker | None = None  # the block's picker, for the eager draft step
         self._block_q: torch.Tensor | None = None  # (γ, m, V) member distributions of the last chain block
         self._weights = torch.ones(len(members), dtype=torch.float64) / len(members)  # the tree block's weights
@@ -70,7 +69,7 @@ class EnsembleDrafter(Drafter):
         rows = [view(turn.text, turn.images) for view in self.views]
         # the longest member row: each row counts its own positions, so that is the one that must fit
         self.traits.prompt_views = [(self.rows.model, max(len(row.ids) for row in rows))]
-        self.prefix = self.rows.begin(rows)
+        self.turn_shared = self.rows.begin(rows)
         self.rows.reserve(turn.room)
         self.policy.reset()
         self.prompt_fed = False
@@ -79,9 +78,9 @@ class EnsembleDrafter(Drafter):
         """Feed every row the verified tokens it lacks; the member distributions after them (m, V). The turn's
         first block keeps what an earlier turn left; later ones feed only the tokens since the last block."""
         if self.prompt_fed:
-            logits = self.rows.extend(verified[self.rows.held - len(self.prefix):])
+            logits = self.rows.extend(verified[self.rows.held - len(self.turn_shared):])
         else:
-            logits = self.rows.logits(self.prefix + list(verified))
+            logits = self.rows.logits(self.turn_shared + list(verified))
             self.prompt_fed = True
         self.base = self.rows.held
         return member_distributions(fit_vocab(logits, self.target_vocab), picker)  # (m, V)

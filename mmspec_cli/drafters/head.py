@@ -23,7 +23,6 @@ target's features, so ``tabed:mv`` is refused (:mod:`.registry`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -54,7 +53,7 @@ class HeadDrafter(Drafter):
         self.device = head.fc.weight.device
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
-        self.prefilled = False
+        self.prompt_fed = False
         self.kv = "dynamic"  # the target's kind (begin_turn): static and compiled when the target's is
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (head_step)
@@ -100,7 +99,7 @@ class HeadDrafter(Drafter):
             self._reset_head()
         self.prompt = process(self.target.processor, turn.text, turn.images)
         self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
-        self.prefilled = False
+        self.prompt_fed = False
         if self.kv != "dynamic":
             self._claim()
             static_pool(self.head, "head").claim(self, len(self.prompt.ids) + turn.room)
@@ -111,7 +110,7 @@ class HeadDrafter(Drafter):
         if self.kv != "dynamic":
             self.state, mine = static_pool(self.head, "head").claim(self, self.entries + 1)
             if not mine:
-                if self.prefilled:
+                if self.prompt_fed:
                     raise MmspecError(LOST_STATE.format(role="draft head"))
                 self._reset_head()
 
@@ -124,11 +123,11 @@ class HeadDrafter(Drafter):
             raise RuntimeError("HeadDrafter needs begin_turn before propose")
         self._claim()
         held = len(self.prompt.ids) + len(generated) - 1
-        if not self.prefilled:  # a new turn: the target holds the prompt, and the head reads all of it again
+        if not self.prompt_fed:  # a new turn: the target holds the prompt, and the head reads all of it again
             self.cached_target.hold(self.prompt.ids + list(generated[:-1]) if generated else self.prompt.ids[:-1],
                                     vision=self.prompt.vision, prompt_len=min(len(self.prompt.ids), held))
             self._reset_head()
-            self.prefilled = True
+            self.prompt_fed = True
         elif self.cached_target.length != held:
             raise RuntimeError(f"the target holds {self.cached_target.length} positions, {held} expected")
         track = self.cached_target.features

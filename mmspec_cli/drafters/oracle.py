@@ -19,7 +19,6 @@ is then one plain target step, as with ``ar``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from mmspec_cli.choices import ORACLE
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, TurnStart

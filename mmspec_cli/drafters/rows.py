@@ -337,6 +337,8 @@ class BatchedRows:
         """Keep the prefixes and the first ``keep`` shared tokens in the cache and the mask."""
         if keep >= len(self.shared) and self.tree is None:  # nothing to drop
             return
+        self._drop_tree()
+        self.last_logits = None  # they were the logits after what goes
         prefix_len = self.mask.shape[1] - len(self.shared)
         self.state.rollback(prefix_len + keep)
         self.mask = self.mask[:, : prefix_len + keep]
@@ -363,8 +365,8 @@ class BatchedRows:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int]) -> torch.Tensor:
         """In a block: feed ``tokens`` to every row after the shared tokens held; the last one's logits (B, V)."""
-        self._drop_tree()
         self._still_held()
+        self._drop_tree()
         fresh = list(tokens)
         ones = torch.ones(self.width, len(fresh), dtype=torch.long, device=self.mask.device)
         self.mask = torch.cat([self.mask, ones], dim=1)  # (B, prefix + shared)
