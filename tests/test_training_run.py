@@ -383,7 +383,16 @@ def test_resume_over_a_finished_imitation_network_names_it(files, tmp_path):
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def test_ctrl_c_in_training_saves_a_checkpoint_and_resume_finishes_as_if_uninterrupted(files, tmp_path):
+@pytest.fixture
+def interruptible():
+    """Ctrl-C as a terminal delivers it: a shell starts background jobs with SIGINT ignored, and Python then installs
+    no KeyboardInterrupt handler (nor does mmspec its own), so a suite run as a background job sets it here."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_training_saves_a_checkpoint_and_resume_finishes_as_if_uninterrupted(files, tmp_path, interruptible):
     profile = load_profile(files["profile"])
     whole = tmp_path / "whole"
     train_head(profile, settings(whole, files["manifest"], steps=5, checkpoint_every=100), progress=False)
@@ -404,7 +413,7 @@ def test_ctrl_c_in_training_saves_a_checkpoint_and_resume_finishes_as_if_uninter
     assert (out / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
 
 
-def test_ctrl_c_waits_for_an_update_to_finish():
+def test_ctrl_c_waits_for_an_update_to_finish(interruptible):
     with CtrlC() as ctrl_c:
         with pytest.raises(KeyboardInterrupt):
             with ctrl_c.deferred():
