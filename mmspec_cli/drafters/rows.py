@@ -192,6 +192,7 @@ class BatchedRows:
         self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (rows_step)
         self.use_kv(kv)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.padding = torch.zeros(0, 1, dtype=torch.long)  # (B, 1) each row's left padding: only it is masked
         self.last_logits: torch.Tensor | None = None
         self.prefix_logits: torch.Tensor | None = None
         self.tree: PendingTree | None = None  # a token tree fed after the shared tokens, not settled yet
@@ -278,6 +279,7 @@ class BatchedRows:
         self.pixels = [_images(r) for r in rows]
         self.shared = []
         self.mask = mask
+        self.padding = torch.tensor([[length - len(r.ids)] for r in rows])  # (B, 1) each row's left padding
         self.prefix_logits = self._forward(length, positions=positions, **inputs)
         self.last_logits = self.prefix_logits
 
@@ -315,7 +317,7 @@ class BatchedRows:
         """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V).
         ``positions``: given at a prefill; after it each row counts its own tokens (plus its rope offset)."""
         if positions is None:
-            start = self.mask[:, :-fresh].sum(dim=1, keepdim=True).cpu()  # (B, 1) real positions before
+            start = (self.mask.shape[1] - fresh) - self.padding  # (B, 1) real positions before: all but the padding
             positions = self.positions.tree(start, torch.arange(fresh)).to(self.model.device)  # (B, n) or (3, B, n)
         state = self.state
         mask = self.mask
@@ -396,7 +398,7 @@ class BatchedRows:
             return None
         fed = steps - 1
         state.room_for(fed)
-        start = self.mask.sum(dim=1, keepdim=True).cpu()  # (B, 1) each row's real positions held
+        start = self.mask.shape[1] - self.padding  # (B, 1) each row's real positions held: all but the padding
         positions = self.positions.tree(start, torch.arange(fed)).to(self.model.device).contiguous()
         visible = torch.zeros(self.width, state.capacity, dtype=torch.bool, device=self.model.device)
         visible[:, :self.mask.shape[1]] = self.mask.bool()
