@@ -342,6 +342,21 @@ def figure_tokens(trees: Trees, opts, report: dict) -> None:
                          "changed": changed, "pass": ok}
 
 
+def ended_without_numbers(result: dict, figure: int, report: dict) -> bool:
+    """A worker's failure or skip, printed with the figure's verdict and kept in ``report``; whether there was one."""
+    if "error" in result:
+        print(result["error"])
+        print(f"figure {figure} verdict: {verdict(False)}")
+        report[f"figure{figure}"] = {"pass": False}
+        return True
+    if result.get("skipped"):
+        print(f"skipped: {result['skipped']}")
+        print(f"figure {figure} verdict: {verdict(None)}")
+        report[f"figure{figure}"] = {"skipped": result["skipped"], "pass": None}
+        return True
+    return False
+
+
 # --- figure 4 -----------------------------------------------------------------------------------------------------
 
 def figure_pld(trees: Trees, opts, report: dict) -> None:
@@ -349,15 +364,7 @@ def figure_pld(trees: Trees, opts, report: dict) -> None:
     job = {"kind": "pld", "samples": [[suite, opts.pld_samples] for suite in SUITES],
            "max_new_tokens": opts.max_new_tokens, "reps": opts.reps, "hf_tokens": [GAMMA, 10]}
     result = run_worker(trees, "new", job)
-    if "error" in result:
-        print(result["error"])
-        print(f"figure 4 verdict: {verdict(False)}")
-        report["figure4"] = {"pass": False}
-        return
-    if result.get("skipped"):
-        print(f"skipped: {result['skipped']}")
-        print(f"figure 4 verdict: {verdict(None)}")
-        report["figure4"] = {"skipped": result["skipped"], "pass": None}
+    if ended_without_numbers(result, 4, report):
         return
     print(f"γ = {GAMMA}; HF: target.generate(do_sample=False, prompt_lookup_num_tokens=N), its n-gram size "
           f"max_matching_ngram_size left at HF's default (2); τ = new tokens / target forwards (HF's counted with a "
@@ -477,15 +484,7 @@ def figure_schedule(trees: Trees, cache: Path, latency_error: str | None, opts, 
            "drafters": list(SCHEDULE_DRAFTERS), "max_new_tokens": opts.max_new_tokens, "reps": opts.reps,
            "gammas": list(CONSTANT_GAMMAS), "cost_gamma": opts.cost_gamma}
     result = run_worker(trees, "new", job, env={"MMSPEC_CACHE": str(cache)})
-    if "error" in result:
-        print(result["error"])
-        print(f"figure 6 verdict: {verdict(False)}")
-        report["figure6"] = {"pass": False}
-        return
-    if result.get("skipped"):
-        print(f"skipped: {result['skipped']}")
-        print(f"figure 6 verdict: {verdict(None)}")
-        report["figure6"] = {"skipped": result["skipped"], "pass": None}
+    if ended_without_numbers(result, 6, report):
         return
     for note in result["stderr_notes"]:
         print(f"  worker said: {note}")

@@ -74,3 +74,12 @@ def cache(tmp_path, monkeypatch):
     """``MMSPEC_CACHE`` in a fresh folder under ``tmp_path``; ``tmp_path``."""
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path / "cache"))
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def one_image_files(tiny_dirs, tmp_path_factory, request) -> dict:
+    """One image and a profile of the tiny models (max_new_tokens 5), in a folder of the test module's own."""
+    from tests.helpers import tiny_files
+
+    return tiny_files(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]), tiny_dirs, images=1,
+                      max_new_tokens=5)

@@ -9,6 +9,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from typer.testing import CliRunner
+
+from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.models.prompts import render_prompt
@@ -34,6 +37,11 @@ def save_images(root: Path, n: int) -> list[str]:
         paths.append(str(root / f"img{i}.png"))
         image.save(paths[-1])
     return paths
+
+
+def cli(*args: str):
+    """``mmspec ARGS`` through typer's runner, its stdout and stderr apart."""
+    return CliRunner().invoke(app, list(args))
 
 
 def tiny_files(root: Path, tiny_dirs: dict, images: int = 2, **decoding) -> dict:

@@ -13,27 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from typer.testing import CliRunner
 
-from mmspec_cli.cli.app import app
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.images import load_image, to_rgb
 
-from tests.helpers import assert_one_line_error, tiny_files
+from tests.helpers import assert_one_line_error, cli
 
 QUESTION = "what is in the image?"
 MAX_NEW = 5
-
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def files(tiny_dirs, tmp_path_factory) -> dict:
-    return tiny_files(tmp_path_factory.mktemp("images"), tiny_dirs, images=1, max_new_tokens=MAX_NEW)
-
-
-def cli(*args: str):
-    return runner.invoke(app, list(args))
 
 
 def bomb_png(path: Path, side: int = 30000) -> Path:
@@ -52,34 +39,34 @@ def bomb_png(path: Path, side: int = 30000) -> Path:
     return path
 
 
-def test_a_decompression_bomb_is_one_line_naming_the_limit(files, no_model_loading):
-    bomb = bomb_png(files["root"] / "bomb.png")
+def test_a_decompression_bomb_is_one_line_naming_the_limit(one_image_files, no_model_loading):
+    bomb = bomb_png(one_image_files["root"] / "bomb.png")
     assert bomb.stat().st_size < 200_000
     limit = Image.MAX_IMAGE_PIXELS
-    line = assert_one_line_error(cli("generate", str(bomb), "-q", QUESTION, "--profile", files["profile"]),
+    line = assert_one_line_error(cli("generate", str(bomb), "-q", QUESTION, "--profile", one_image_files["profile"]),
                                  f"more pixels than PIL's limit of {2 * limit:,}")
     assert "resize it" in line
     assert Image.MAX_IMAGE_PIXELS == limit  # PIL's global limit is left as it is
 
 
-def test_a_symlink_loop_and_a_url_say_what_they_are(files, no_model_loading, tmp_path):
+def test_a_symlink_loop_and_a_url_say_what_they_are(one_image_files, no_model_loading, tmp_path):
     (tmp_path / "a.png").symlink_to(tmp_path / "b.png")
     (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
-    assert_one_line_error(cli("generate", str(tmp_path / "a.png"), "-q", QUESTION, "--profile", files["profile"]),
+    assert_one_line_error(cli("generate", str(tmp_path / "a.png"), "-q", QUESTION, "--profile", one_image_files["profile"]),
                           "is a symbolic link loop")
     url = "https://example.com/cat.png"
-    line = assert_one_line_error(cli("generate", url, "-q", QUESTION, "--profile", files["profile"]), "is a URL")
+    line = assert_one_line_error(cli("generate", url, "-q", QUESTION, "--profile", one_image_files["profile"]), "is a URL")
     assert "download the file first" in line
     (tmp_path / "dangling.png").symlink_to(tmp_path / "gone.png")
     with pytest.raises(InputError, match="is a link to .*gone.png', which does not exist"):
         load_image(tmp_path / "dangling.png")
 
 
-def test_a_long_bad_path_is_quoted_short(files, no_model_loading):
+def test_a_long_bad_path_is_quoted_short(one_image_files, no_model_loading):
     deep = "folder/" * 300 + "photo.png"  # 2109 characters, each name short: it just does not exist
-    line = assert_one_line_error(cli("generate", deep, "-q", QUESTION, "--profile", files["profile"]), "does not exist")
+    line = assert_one_line_error(cli("generate", deep, "-q", QUESTION, "--profile", one_image_files["profile"]), "does not exist")
     assert len(line) < 200 and "/photo.png' does not exist" in line
-    line = assert_one_line_error(cli("generate", "x" * 5000 + ".png", "-q", QUESTION, "--profile", files["profile"]),
+    line = assert_one_line_error(cli("generate", "x" * 5000 + ".png", "-q", QUESTION, "--profile", one_image_files["profile"]),
                                  "can't be looked up (File name too long)")
     assert len(line) < 200
 

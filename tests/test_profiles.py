@@ -20,7 +20,7 @@ from mmspec_cli.models.profiles import (MAX_SEED, DecodingSpec, ModelSpec, Profi
                                         builtin_profiles_dir, list_profiles, load_profile, profile_from_dict,
                                         profile_to_dict)
 
-from tests.helpers import assert_one_line_error, tiny_files
+from tests.helpers import assert_one_line_error, cli
 from tests.test_latency import made_records, summary_profile, write_records
 
 BUILTINS = {
@@ -281,7 +281,7 @@ def test_missing_target_model():
     refused({"target": None}, "target.model: required key is missing")
 
 
-# --------------------------------------------------------------------------- files
+# --------------------------------------------------------------------------- one_image_files
 
 
 def write(tmp_path, text, name="my-profile.yaml"):
@@ -485,26 +485,17 @@ MAX_NEW = 5
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def files(tiny_dirs, tmp_path_factory) -> dict:
-    return tiny_files(tmp_path_factory.mktemp("profiles"), tiny_dirs, images=1, max_new_tokens=MAX_NEW)
-
-
-def cli(*args: str):
-    return runner.invoke(app, list(args))
-
-
 # --------------------------------------------------------------------------- profile values
 
 
-def test_a_seed_torch_cannot_take_is_refused_by_the_key_check(files, no_model_loading, tmp_path):
+def test_a_seed_torch_cannot_take_is_refused_by_the_key_check(one_image_files, no_model_loading, tmp_path):
     too_big = str(MAX_SEED + 1)
     expected = f"expected an integer between 0 and {MAX_SEED} (the range torch's manual_seed takes), got {too_big}"
-    assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+    assert_one_line_error(cli("generate", *one_image_files["images"], "-q", QUESTION, "--profile", one_image_files["profile"],
                               "--seed", too_big), f"--seed: {expected}")
     profile = tmp_path / "seed.yaml"
-    profile.write_text(Path(files["profile"]).read_text().replace("decoding:", f"decoding:\n  seed: {too_big}"))
-    assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", str(profile)),
+    profile.write_text(Path(one_image_files["profile"]).read_text().replace("decoding:", f"decoding:\n  seed: {too_big}"))
+    assert_one_line_error(cli("generate", *one_image_files["images"], "-q", QUESTION, "--profile", str(profile)),
                           f"decoding.seed: {expected}")
     assert TokenPicker(SamplingParams(), MAX_SEED)  # the largest accepted seed is one torch takes
 

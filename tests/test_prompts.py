@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from PIL import Image
-from typer.testing import CliRunner
 
 from mmspec_cli.bench.peers import PEERS
-from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.drafters import build_drafter
 from mmspec_cli.choices import BENCH_PEERS
@@ -24,30 +22,19 @@ from mmspec_cli.models.images import to_rgb
 from mmspec_cli.models.prompts import process, render_prompt
 
 from tests.conftest import load
-from tests.helpers import assert_one_line_error, save_images, tiny_files, write_profile
+from tests.helpers import assert_one_line_error, cli, save_images, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 5
 CONTEXT = 1024  # tests/tiny.py: max_position_embeddings
 
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def files(tiny_dirs, tmp_path_factory) -> dict:
-    return tiny_files(tmp_path_factory.mktemp("prompts"), tiny_dirs, images=1, max_new_tokens=MAX_NEW)
-
-
-def cli(*args: str):
-    return runner.invoke(app, list(args))
-
 
 # --------------------------------------------------------------------------- questions
 
 
-def test_a_question_holding_the_image_placeholder_keeps_it_as_text(files):
+def test_a_question_holding_the_image_placeholder_keeps_it_as_text(one_image_files):
     question = "What is <image> this?"
-    result = cli("generate", *files["images"], "-q", question, "--profile", files["profile"], "--json")
+    result = cli("generate", *one_image_files["images"], "-q", question, "--profile", one_image_files["profile"], "--json")
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert json.loads(result.stdout)["turns"][0]["question"] == question
 
@@ -74,18 +61,18 @@ def test_a_history_holding_the_placeholder_is_decoded(tiny_models):
 
 
 @pytest.mark.parametrize("question", ["", "   \n\t"])
-def test_an_empty_question_is_one_line(files, no_model_loading, question):
+def test_an_empty_question_is_one_line(one_image_files, no_model_loading, question):
     for command in ("generate", "compare"):
-        assert_one_line_error(cli(command, *files["images"], "-q", question, "--profile", files["profile"]),
+        assert_one_line_error(cli(command, *one_image_files["images"], "-q", question, "--profile", one_image_files["profile"]),
                               "is empty; write the question after -q")
-    assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "-q", question,
-                              "--profile", files["profile"]), "question 2 (-q) is empty")
-    assert_one_line_error(cli("generate", "--raw-prompt", question, "--profile", files["profile"]),
+    assert_one_line_error(cli("generate", *one_image_files["images"], "-q", QUESTION, "-q", question,
+                              "--profile", one_image_files["profile"]), "question 2 (-q) is empty")
+    assert_one_line_error(cli("generate", "--raw-prompt", question, "--profile", one_image_files["profile"]),
                           "--raw-prompt is empty")
 
 
-def test_an_empty_question_is_one_line_for_select_layer(files):
-    assert_one_line_error(cli("select-layer", *files["images"], "-q", " ", "--profile", files["profile"]),
+def test_an_empty_question_is_one_line_for_select_layer(one_image_files):
+    assert_one_line_error(cli("select-layer", *one_image_files["images"], "-q", " ", "--profile", one_image_files["profile"]),
                           "is empty; write the question after -q")
 
 
@@ -102,9 +89,9 @@ def long_question(processor, images, tokens: int) -> str:
     return question
 
 
-def test_a_question_longer_than_the_context_is_one_line(files):
-    line = assert_one_line_error(cli("generate", *files["images"], "-q", "describe " * 5000, "--profile",
-                                     files["profile"]), f"max_new_tokens is {MAX_NEW}")
+def test_a_question_longer_than_the_context_is_one_line(one_image_files):
+    line = assert_one_line_error(cli("generate", *one_image_files["images"], "-q", "describe " * 5000, "--profile",
+                                     one_image_files["profile"]), f"max_new_tokens is {MAX_NEW}")
     assert f"more than the target's context of {CONTEXT}; shorten the question" in line
 
 
@@ -135,14 +122,14 @@ def test_the_drafts_own_prompt_must_fit_the_drafts_context(tiny_dirs, tiny_model
         decoder.generate(images, [long_question(target.processor, images, 200)])
 
 
-def test_bench_records_a_sample_too_long_for_the_context_and_goes_on(files, tmp_path):
+def test_bench_records_a_sample_too_long_for_the_context_and_goes_on(one_image_files, tmp_path):
     [image] = save_images(tmp_path, 1)
     rows = [{"id": "long", "images": [Path(image).name], "turns": ["red " * 3000], "category": "x"},
             {"id": "short", "images": [Path(image).name], "turns": [QUESTION], "category": "x"}]
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    result = cli("bench", str(manifest), "--drafters", "ar", "--out", str(out), "--profile", files["profile"])
+    result = cli("bench", str(manifest), "--drafters", "ar", "--out", str(out), "--profile", one_image_files["profile"])
     assert result.exit_code == 1, result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["id"], "error" in r) for r in records] == [("long", True), ("short", False)]
@@ -152,38 +139,38 @@ def test_bench_records_a_sample_too_long_for_the_context_and_goes_on(files, tmp_
 # --------------------------------------------------------------------------- drafters and ssd.layer
 
 
-def test_hf_assisted_outside_bench_says_it_is_a_bench_peer(files, no_model_loading):
+def test_hf_assisted_outside_bench_says_it_is_a_bench_peer(one_image_files, no_model_loading):
     fragment = "'hf-assisted' is a bench-only peer row"
-    line = assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+    line = assert_one_line_error(cli("generate", *one_image_files["images"], "-q", QUESTION, "--profile", one_image_files["profile"],
                                      "--drafter", "hf-assisted"), fragment)
     assert "mmspec bench SOURCE --drafters ar,hf-assisted" in line
-    assert_one_line_error(cli("compare", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+    assert_one_line_error(cli("compare", *one_image_files["images"], "-q", QUESTION, "--profile", one_image_files["profile"],
                               "--drafters", "ar,hf-assisted"), fragment)
     assert set(BENCH_PEERS) == set(PEERS)  # the registry knows every bench peer by name
 
 
-def test_an_ssd_layer_the_target_lacks_is_refused_for_any_drafter(files):
+def test_an_ssd_layer_the_target_lacks_is_refused_for_any_drafter(one_image_files):
     for drafter in ("m", "ar"):
-        assert_one_line_error(cli("generate", *files["images"], "-q", QUESTION, "--profile", files["profile"],
+        assert_one_line_error(cli("generate", *one_image_files["images"], "-q", QUESTION, "--profile", one_image_files["profile"],
                                   "--drafter", drafter, "--ssd-layer", "99"), "ssd.layer 99 is outside [1, 1]")
 
 
-def test_select_layer_ignores_a_stale_ssd_layer_in_the_profile(files, tmp_path):
+def test_select_layer_ignores_a_stale_ssd_layer_in_the_profile(one_image_files, tmp_path):
     stale = tmp_path / "stale.yaml"
-    stale.write_text(Path(files["profile"]).read_text() + "ssd: {layer: 99}\n")
-    result = cli("select-layer", *files["images"], "-q", QUESTION, "--profile", str(stale), "--json")
+    stale.write_text(Path(one_image_files["profile"]).read_text() + "ssd: {layer: 99}\n")
+    result = cli("select-layer", *one_image_files["images"], "-q", QUESTION, "--profile", str(stale), "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["chosen"] == 1
 
 
-def test_a_draft_that_is_the_target_gives_one_warning_line(files, tiny_dirs, tmp_path):
+def test_a_draft_that_is_the_target_gives_one_warning_line(one_image_files, tiny_dirs, tmp_path):
     same = write_profile(tmp_path / "same.yaml", tiny_dirs["target"], tiny_dirs["target"], max_new_tokens=MAX_NEW)
-    result = cli("generate", *files["images"], "-q", QUESTION, "--profile", same, "--json")
+    result = cli("generate", *one_image_files["images"], "-q", QUESTION, "--profile", same, "--json")
     assert result.exit_code == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line and not line.startswith("Loading weights")]
     assert len(lines) == 1 and lines[0].startswith("warning: the draft is the target itself")
-    for args in (["--profile", same, "--drafter", "ar"], ["--profile", files["profile"]]):
-        quiet = cli("generate", *files["images"], "-q", QUESTION, *args, "--json")
+    for args in (["--profile", same, "--drafter", "ar"], ["--profile", one_image_files["profile"]]):
+        quiet = cli("generate", *one_image_files["images"], "-q", QUESTION, *args, "--json")
         assert quiet.exit_code == 0 and "warning" not in quiet.stderr
     data = yaml.safe_load(Path(same).read_text())
     assert data["draft"]["model"] == data["target"]["model"]
