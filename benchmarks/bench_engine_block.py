@@ -158,7 +158,7 @@ def engine_runs(trees: Trees, figures: set[int], opts) -> dict:
         {"ar"} | ({"oracle"} if 2 in figures else set()) | (set(EQ1_DRAFTERS) if 7 in figures else set()),
         key=ENGINE_DRAFTERS.index)
     job = {"kind": "blocks", "drafters": drafters, "modes": modes, "samples": opts.engine_samples,
-           "max_new_tokens": opts.max_new_tokens}
+           "max_new_tokens": opts.max_new_tokens, "history_turns": opts.history_turns}
     runs: dict[str, list] = {side: [] for side in sides}
     for r in range(opts.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
@@ -597,6 +597,9 @@ def options(argv: list[str] | None = None):
     parser.add_argument("--cost-gamma", type=int, default=max(CONSTANT_GAMMAS),
                         help="figure 6: the γ given with --gamma-schedule cost (default 8: the largest constant)")
     parser.add_argument("--latency-args", default=LATENCY_ARGS, help="profile-latency's grid (figures 6, 7)")
+    parser.add_argument("--history-turns", type=int, default=0,
+                        help="figures 1, 2, 7: give each sample this many earlier (question, answer) turns as history, "
+                             "so its prompt is longer (24: about 1,500 tokens on the demo family; default 0)")
     parser.add_argument("--out", type=Path, default=None, help="also write every number here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (jobs, caches, old tree)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -847,7 +850,7 @@ def job_blocks(job: dict, clock: ForwardClock) -> dict:
     pass over every sample (which compiles every shape the measured pass meets)."""
     drafters, modes = job["drafters"], job["modes"]
     models = load_models([d for d in drafters], compiled="compiled" in modes)
-    samples = samples_of(job["samples"])
+    samples = with_history(samples_of(job["samples"]), job.get("history_turns", 0))
     limit = job["max_new_tokens"]
     result = {}
     for mode in modes:
@@ -887,6 +890,22 @@ def job_blocks(job: dict, clock: ForwardClock) -> dict:
                 entry["contexts"].append(prompt_length(models, sample) + made / 2)
         result[mode] = found
     return result
+
+
+#: A given earlier turn, repeated to lengthen a prompt (``--history-turns``): the demo family's own words.
+HISTORY_TURN = ("What shapes are in the picture, and what colours are they?",
+                "There is a red circle on the left, a blue square in the middle and a green triangle on the right; "
+                "the circle is the largest shape and the triangle the smallest.")
+
+
+def with_history(samples: list, turns: int) -> list:
+    """``samples`` with ``turns`` copies of :data:`HISTORY_TURN` before their own history: longer prompts, the same
+    questions."""
+    import dataclasses
+
+    if not turns:
+        return samples
+    return [dataclasses.replace(s, history=(HISTORY_TURN,) * turns + tuple(s.history)) for s in samples]
 
 
 def prompt_length(models, sample) -> int:
