@@ -35,8 +35,8 @@ def bench(
     source: Annotated[str | None, typer.Argument(metavar="SOURCE", show_default=False, help=(
         "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
     drafters: Annotated[str, typer.Option(metavar="LIST", help=(
-        "Comma list of drafters, e.g. ar,m,t,tabed; hf-assisted runs Hugging Face assisted generation; oracle "
-        "(a benchmark tool, after ar) replays ar's output to measure the engine's own overhead."))] = "ar,m,t,tabed",
+        "Comma list of drafters, e.g. ar,m,t,tabed,pld; hf-assisted runs Hugging Face assisted generation; "
+        "oracle (a benchmark tool, after ar) replays ar's output to measure the engine's own overhead."))] = "ar,m,t,tabed",
     profile: ProfileName = None,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding); demo-all: N of each suite.")] = None,
     turns: Annotated[int | None, typer.Option(metavar="N", help="Run at most N turns of each sample.")] = None,

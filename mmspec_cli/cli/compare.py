@@ -34,7 +34,7 @@ def compare(
     images: Images = None,
     question: Questions = None,
     drafters: Annotated[str, typer.Option(metavar="A,B,...", help=(
-        "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed; oracle (a benchmark tool, after ar) replays "
+        "Comma-separated drafters to compare, e.g. ar,m,t,c,p,mt,tabed,pld; oracle (a benchmark tool, after ar) replays "
         "ar's output.")) ] = DEFAULT_DRAFTERS,
     profile: ProfileName = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: outputs, stats, weights, verdict.")] = False,
