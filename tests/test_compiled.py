@@ -162,7 +162,7 @@ def test_a_decoder_that_loses_its_static_state_in_a_turn_says_so(tiny_models):
     turns run one after another share the state as before."""
     import itertools
 
-    from mmspec_cli.decoding.kv import LOST_STATE
+    from mmspec_cli.decoding.compiled import LOST_STATE
 
     target, draft = tiny_models["target"], tiny_models["perturbed"]
     ssd = {"build": {"ssd_layer": 1}}

@@ -22,7 +22,7 @@ target's compiled step. A greedy chain is one graph too (:func:`compiled_chain`:
 purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
 decoder of a process (``bench`` and ``compare`` build many) reuses the graphs; an owner that finds
 the state used by another since feeds its prompt again at its next turn (in the middle of a turn that is an
-error: ``kv.LOST_STATE``).
+error: :data:`LOST_STATE`).
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
@@ -56,6 +56,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from mmspec_cli.decoding.chain import chain_loop, greedy_choice
 from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV, static_capacity
+from mmspec_cli.errors import MmspecError
 from mmspec_cli.models.parts import text_decoder, with_cache
 
 #: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
@@ -160,9 +161,16 @@ class CompileLog:
 LOG = CompileLog()
 
 
+#: A static state taken by another decoder in the middle of a turn (two decoders' turns interleaved).
+LOST_STATE = ("the {role} model's static KV state was used by another decoder in the middle of this turn; run one "
+              "decoder's turn at a time (finish or close a stream before starting another over the same models)")
+
+
 class StaticPool:
     """One static KV state of a model in this process, and the owner (a cached model, a batch of rows, a head
-    drafter) that last filled it."""
+    drafter) that last filled it. Every owner takes it the same two ways: :meth:`claim` at a turn's start (an owner
+    that finds it used by another since feeds what it needs again), :meth:`hold` in a block (it must still be the
+    owner's: :data:`LOST_STATE`)."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -179,6 +187,14 @@ class StaticPool:
         if not mine:
             self._owner = weakref.ref(owner)
         return self.state, mine
+
+    def hold(self, owner: object, needed: int, role: str) -> StaticKV:
+        """In a block: the state, which ``owner`` (the ``role`` model's) must still hold; one line if another decoder
+        took it since (:data:`LOST_STATE`), never a silent re-encoding."""
+        state, mine = self.claim(owner, needed)
+        if not mine:
+            raise MmspecError(LOST_STATE.format(role=role))
+        return state
 
 
 #: transformers' own switch (``integrations/sdpa_attention.py``, transformers 5.23 and later) that makes its SDPA

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import LOST_STATE, CompiledGraphs, CompiledStep, compiled_forward, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.tree import PendingTree
@@ -71,10 +71,6 @@ def same_tensors(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
 #: How a cached model keeps its KV state: transformers' DynamicCache, a static preallocated one, or the
 #: static one with the steps compiled (``decoding.compile``).
 KV_KINDS = ("dynamic", "static", "compiled")
-
-#: A static state taken by another decoder in the middle of a turn (two decoders' turns interleaved).
-LOST_STATE = ("the {role} model's static KV state was used by another decoder in the middle of this turn; run one "
-              "decoder's turn at a time (finish or close a stream before starting another over the same models)")
 
 
 class CachedModel:
@@ -132,9 +128,7 @@ class CachedModel:
     def _still_held(self) -> KVState:
         """In a block: the state, which must still hold what this cached model fed (:data:`LOST_STATE`)."""
         if self.kv != "dynamic":
-            self.state, mine = self._pool().claim(self, len(self.ids) + 1)
-            if not mine:
-                raise MmspecError(LOST_STATE.format(role=self.role))
+            self.state = self._pool().hold(self, len(self.ids) + 1, self.role)
         return self.state
 
     def reserve(self, positions: int) -> None:

@@ -28,9 +28,8 @@ import torch
 
 from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
-from mmspec_cli.decoding.kv import LOST_STATE, CachedModel
+from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step, static_pool
-from mmspec_cli.errors import MmspecError
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
@@ -106,13 +105,16 @@ class HeadDrafter(Drafter):
 
     def _claim(self) -> None:
         """At a turn's start: a static state another head drafter filled since is started over (the catch-up feeds
-        every pair again). In a block, the state must still be this drafter's (:data:`LOST_STATE`)."""
-        if self.kv != "dynamic":
-            self.state, mine = static_pool(self.head, "head").claim(self, self.entries + 1)
-            if not mine:
-                if self.prompt_fed:
-                    raise MmspecError(LOST_STATE.format(role="draft head"))
-                self._reset_head()
+        every pair again). In a block, the state must still be this drafter's (``StaticPool.hold``)."""
+        if self.kv == "dynamic":
+            return
+        pool = static_pool(self.head, "head")
+        if self.prompt_fed:
+            self.state = pool.hold(self, self.entries + 1, "draft head")
+            return
+        self.state, mine = pool.claim(self, self.entries + 1)
+        if not mine:
+            self._reset_head()
 
     # ------------------------------------------------------------------ the verified context
 

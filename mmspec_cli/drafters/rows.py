@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, compiled_forward, static_pool
-from mmspec_cli.decoding.kv import LOST_STATE, common_prefix_length, same_tensors, to_model
+from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import DynamicKV, KVState
 from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.decoding.tree import PendingTree
-from mmspec_cli.errors import MmspecError, ModelLoadError
+from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.families import family_of
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.drafters.single import fit_vocab
@@ -231,9 +231,9 @@ class BatchedRows:
         return mine
 
     def _still_held(self) -> None:
-        """In a block: the state must still hold these rows (:data:`~mmspec_cli.decoding.kv.LOST_STATE`)."""
-        if not self._owned():
-            raise MmspecError(LOST_STATE.format(role="draft"))
+        """In a block: the state must still hold these rows (``StaticPool.hold``)."""
+        if self.kv != "dynamic" and self.width:
+            self.state = self._pool().hold(self, self.state.length + 1, "draft")
 
     def reserve(self, after: int) -> None:
         """Room in a static state for ``after`` more positions than the rows hold (at the start of a turn)."""
