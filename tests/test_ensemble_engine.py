@@ -190,3 +190,15 @@ def test_captioning_beside_the_target_prefill_changes_nothing_and_is_timed(tiny_
     assert first.caption_s > 0  # reported apart from decoding
     again = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
     assert again.token_ids == refs[1] and again.caption_s == 0.0  # cached caption: no captioning time
+
+
+def test_a_decode_steps_row_mask_is_the_last_row_of_a_longer_steps():
+    """Batched rows' additive mask for one fresh position hides the left padding only: the last row of the mask of
+    two fresh positions, whose first row also hides the last key."""
+    from mmspec_cli.drafters.rows import additive_step_mask
+
+    padded = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    for dtype in (torch.float32, torch.float64):
+        two = additive_step_mask(padded, 2, dtype)  # (B, 1, 2, L)
+        torch.testing.assert_close(additive_step_mask(padded, 1, dtype), two[:, :, -1:, :], rtol=0, atol=0)
+        assert (two[:, 0, 0, -1] == torch.finfo(dtype).min).all()

@@ -422,3 +422,12 @@ def test_cli_generate_and_bench_with_heads(tiny_models, tiny_dirs, head_dirs, tm
                           "drafter 'vispec' needs a vispec head and the profile names no head")
     assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", profile,
                                               "--drafter", "tabed:mv"]), "can't be an ensemble member")
+
+
+def test_a_single_entrys_mask_is_the_last_row_of_a_longer_ones():
+    """One new entry (a draft step) sees every cached entry and itself: the last row of the mask of two new ones."""
+    for seen in (0, 1, 9):
+        torch.testing.assert_close(causal_mask(1, seen, torch.float32, "cpu"),
+                                   causal_mask(2, seen - 1, torch.float32, "cpu")[..., -1:, :] if seen else
+                                   causal_mask(1, 0, torch.float32, "cpu"), rtol=0, atol=0)
+    assert causal_mask(2, 3, torch.float32, "cpu")[0, 0, 0, -1] == torch.finfo(torch.float32).min  # not yet seen

@@ -119,6 +119,9 @@ def additive_step_mask(mask: torch.Tensor, fresh: int, dtype: torch.dtype) -> to
     0 where a query may attend (a real key at or before it), the dtype's minimum elsewhere;
     transformers passes a prepared 4-D mask to eager and sdpa attention as it is.
     """
+    if fresh == 1:  # the last position sees every real key: only the padding is hidden (a decode step's case)
+        hidden = (mask == 0)[:, None, None, :]  # (B, 1, 1, L)
+        return torch.zeros(hidden.shape, dtype=dtype, device=mask.device).masked_fill(hidden, torch.finfo(dtype).min)
     length = mask.shape[1]
     queries = torch.arange(length - fresh, length, device=mask.device)[:, None]  # (fresh, 1)
     causal = torch.arange(length, device=mask.device)[None, :] <= queries  # (fresh, L)

@@ -231,6 +231,8 @@ def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, e
 
 def causal_mask(new: int, seen: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Additive mask (1, 1, new, seen + new): every new entry sees the ``seen`` cached ones and the new ones up to itself."""
+    if new == 1:  # one entry sees everything: a draft step's case
+        return torch.zeros(1, 1, 1, seen + 1, dtype=dtype, device=device)
     allowed = torch.ones(new, seen + new, dtype=torch.bool, device=device)
     allowed[:, seen:] = torch.tril(allowed[:, seen:])
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
