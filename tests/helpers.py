@@ -124,9 +124,11 @@ def begin_turn(decoder: SpeculativeDecoder, text: str, images: Sequence, room: i
     """The engine's turn start, for a test that drives ``decoder``'s drafter by hand: the drafter is given the turn
     with the decoder's cached target, and the block's next verification feeds the prompt."""
     from mmspec_cli.decoding.drafter import TurnStart
+    from mmspec_cli.models.prompts import process
 
     decoder.step.begin_turn()
-    decoder.drafter.begin_turn(TurnStart(text, images, decoder.cached_target, room))
+    prompt = process(decoder.target.processor, text, images)
+    decoder.drafter.begin_turn(TurnStart(text, images, decoder.cached_target, room, prompt))
 
 
 def after_block(decoder: SpeculativeDecoder, prompt, verified: list[int], kept: int = 0) -> None:

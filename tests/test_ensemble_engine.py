@@ -20,7 +20,7 @@ from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
-from mmspec_cli.models.prompts import render_prompt
+from mmspec_cli.models.prompts import process, render_prompt
 
 from tests.helpers import MAX_NEW, QUESTION, speculative_decoder
 from tests.helpers import reference
@@ -102,7 +102,8 @@ def test_batched_rows_equal_each_member_run_alone(tmp_path_factory, tiny_dirs, c
     }
     single_rows = {"c": caption_row(draft, captioner), "p": pooled_row(draft, 2)}
     for d in alone.values():
-        d.begin_turn(TurnStart(text, images, SpeculativeDecoder(target, d).cached_target, 0))
+        d.begin_turn(TurnStart(text, images, SpeculativeDecoder(target, d).cached_target, 0,
+                               process(target.processor, text, images)))
     rows = {k: BatchedRows(draft.model, draft.image_token_id) for k in single_rows}
     prefixes = {k: rows[k].begin([view(text, images)]) for k, view in single_rows.items()}
     for generated, tokens, block_q in blocks:

@@ -44,15 +44,16 @@ def test_every_draft_is_accepted_and_the_output_is_ars(tiny_models):
 
 def test_off_the_recording_it_proposes_nothing():
     from mmspec_cli.decoding.drafter import DraftShape, TurnStart
+    from mmspec_cli.models.prompts import ModelPrompt
 
     drafter = OracleDrafter([[7, 8, 9, 10]])
-    drafter.begin_turn(TurnStart("prompt", [], None, 0))
+    drafter.begin_turn(TurnStart("prompt", [], None, 0, ModelPrompt(ids=[])))
     greedy = TokenPicker(SamplingParams())
     assert drafter.propose([7], DraftShape(2), greedy).tokens == [8, 9]
     assert drafter.propose([7, 8, 9], DraftShape(5), greedy).tokens == [10]
     assert drafter.propose([7, 8, 99], DraftShape(2), greedy).tokens == []  # the target's token left the recording
     assert drafter.propose([7, 8, 99, 10], DraftShape(2), greedy).tokens == []  # and it stays off for the turn
-    drafter.begin_turn(TurnStart("a turn it has no recording of", [], None, 0))
+    drafter.begin_turn(TurnStart("a turn it has no recording of", [], None, 0, ModelPrompt(ids=[])))
     assert drafter.propose([], DraftShape(3), greedy).tokens == []
 
 

@@ -91,8 +91,9 @@ def start(target, question: str = QUESTION, images: int = 1) -> tuple[PromptLook
     text = render_prompt(target.processor, [question], [], [images])
     shown = tiny.images(images)
     drafter = PromptLookupDrafter(target)
-    drafter.begin_turn(TurnStart(text, shown, None, room=0))
-    return drafter, process(target.processor, text, shown).ids
+    prompt = process(target.processor, text, shown)
+    drafter.begin_turn(TurnStart(text, shown, None, 0, prompt))
+    return drafter, prompt.ids
 
 
 def test_it_searches_the_prompt_as_the_target_sees_it_and_never_proposes_an_image_placeholder(tiny_models):

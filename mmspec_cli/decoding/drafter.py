@@ -116,13 +116,16 @@ class Kept:
 class TurnStart:
     """What a drafter is given at the start of a turn: the prompt rendered for the target, its images, the target's
     cached model, ``cached_target`` (a drafter may read it: ``ssd`` drafts in its cache, a head reads its features; its kind says
-    whether the drafter's own states are dynamic, static or compiled) and ``room``: positions after the prompt
-    that the drafter's static states must hold (allocated now, not in the middle of the turn)."""
+    whether the drafter's own states are dynamic, static or compiled), ``room``: positions after the prompt
+    that the drafter's static states must hold (allocated now, not in the middle of the turn), and ``prompt``: the
+    prompt as the target's processor made it (its ids and image tensors), for a drafter that reads the target's view
+    (``ssd``, a head, ``pld``) instead of processing the images again."""
 
     text: str
     images: Sequence[Any]
     cached_target: Any  # decoding.kv.CachedModel
     room: int
+    prompt: Any  # models.prompts.ModelPrompt
 
 
 @dataclass

@@ -178,7 +178,7 @@ class SpeculativeDecoder:
                       image_tokens=prompt.ids.count(self.target.image_token_id), images=len(images))
         self.cached_target.reserve(len(prompt.ids) + max_new_tokens + STATIC_SLACK)  # a static state: allocated now
         self.step.begin_turn()
-        self._begin_turn(TurnStart(text, images, self.cached_target, room=max_new_tokens + STATIC_SLACK), prompt)
+        self._begin_turn(TurnStart(text, images, self.cached_target, max_new_tokens + STATIC_SLACK, prompt), prompt)
         for model, tokens in self.drafter.traits.prompt_views:  # each draft's own view of the prompt (text-only, ...)
             check_context(model.config, tokens, max_new_tokens, "draft", f"the prompt as drafter {self.drafter.name} "
                           f"shows it to the draft")

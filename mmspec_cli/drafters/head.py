@@ -37,7 +37,7 @@ from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
 from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, image_runs, layer_step
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.prompts import ModelPrompt, process
+from mmspec_cli.models.prompts import ModelPrompt
 
 
 class HeadDrafter(Drafter):
@@ -96,7 +96,7 @@ class HeadDrafter(Drafter):
                 if self.kv == "compiled" else None
             self.step = DraftStep(self._feed, compiled=self._compiled if self.chain is not None else None)
             self._reset_head()
-        self.prompt = process(self.target.processor, turn.text, turn.images)
+        self.prompt = turn.prompt
         self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
         self.prompt_fed = False
         if self.kv != "dynamic":

@@ -23,7 +23,7 @@ default.
 
 Choices the implementations leave open:
 
-- The prompt searched is the target's own ids (``process(target.processor, ...)``), image placeholders included, as
+- The prompt searched is the target's own ids (``TurnStart.prompt``), image placeholders included, as
   HF's ``input_ids`` are. A continuation is cut before the first image placeholder id (the target's image token and
   its family's placeholder ids), as before an EOS: the target never emits one, and a placeholder fed without its
   image is a forward some families refuse. Cutting is lossless (only fewer tokens are proposed).
@@ -48,7 +48,6 @@ from mmspec_cli.decoding.engine import eos_ids
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
-from mmspec_cli.models.prompts import process
 
 #: Hugging Face's ``max_matching_ngram_size`` when unset: n-grams of 2 tokens are tried first, then 1.
 MAX_NGRAM = 2
@@ -128,7 +127,7 @@ class PromptLookupDrafter(Drafter):
         self.prompt_length = 0
 
     def begin_turn(self, turn: TurnStart) -> None:
-        prompt = process(self.target.processor, turn.text, turn.images)
+        prompt = turn.prompt  # the target's own ids
         self.index = NgramIndex(self.max_ngram, self.min_ngram)
         self.index.extend(prompt.ids)
         self.prompt_length = len(prompt.ids)

@@ -43,7 +43,7 @@ from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
-from mmspec_cli.models.prompts import ModelPrompt, process
+from mmspec_cli.models.prompts import ModelPrompt
 from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, TreeDraft, TurnStart
 from mmspec_cli.decoding.compiled import CompiledStep, shared_step
@@ -164,7 +164,7 @@ class SelfSpeculativeDrafter(Drafter):
         if turn.cached_target.kv == "compiled":  # the early exit's step, compiled over the target's static state
             self.compiled = compiled_early_exit(turn.cached_target.model, self.layer, self.imitation, self.decoder,
                                                 self.lm_head)
-        self.prompt = process(self.target.processor, turn.text, turn.images)
+        self.prompt = turn.prompt
         self.prompt_fed = False
 
     def _start(self, verified: Sequence[int]) -> tuple[int, KVState]:
