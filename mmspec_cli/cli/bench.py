@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags
+from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags, step_costs
 from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
@@ -218,11 +218,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
                     check_paper_target(models.target.model.config.model_type, profile.target.model)
                 settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)
-                from mmspec_cli.bench.latency import run_step_costs
-
-                models.step_costs, note = run_step_costs(profile, names, models.target.model.device, threads)
-                if note:
-                    typer.echo(note, err=True)
+                models.step_costs = step_costs(profile, names, models.target.model.device, threads)
                 total = sum(len(t) for t in pending.values())
                 from mmspec_cli.cli.display import forget_compiling, report_compiling
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from mmspec_cli.choices import ORACLE
-from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags
+from mmspec_cli.cli.options import Images, ProfileName, Questions, Threads, check_threads, decoding_flags, step_costs
 from mmspec_cli.cli.comparison import (Divergence, ShareSpec, endpoints, first_divergence, share_spec, sparkline,
                                        weight_share)
 from mmspec_cli.errors import InputError
@@ -119,13 +119,9 @@ def _run(profile: Profile, pictures: list, questions: list[str], names: list[str
 
     from mmspec_cli.models.threads import apply_threads
 
-    from mmspec_cli.bench.latency import run_step_costs
-
     models = ModelSet.load(profile, names, threads=None)  # threads: the CLI's choice, made below
     apply_threads(threads, models.target.model)
-    models.step_costs, note = run_step_costs(profile, names, models.target.model.device, threads)  # after the threads
-    if note:
-        typer.echo(note, err=True)
+    models.step_costs = step_costs(profile, names, models.target.model.device, threads)  # after the threads
     status = Console(stderr=True)
     generations = {}
     for i, name in enumerate(names, start=1):

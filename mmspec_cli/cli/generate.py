@@ -12,7 +12,7 @@ from mmspec_cli.choices import ORACLE
 from mmspec_cli.decoding.conversation import RAW_PROMPT_WITH_TURN_IMAGES
 from mmspec_cli.errors import InputError
 from mmspec_cli.cli.options import (Images, ProfileName, Questions, Threads, TurnImages, check_threads, decoding_flags,
-                                    parse_turn_images)
+                                    parse_turn_images, step_costs)
 from mmspec_cli.models.images import load_images
 from mmspec_cli.models.profiles import Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import check_questions
@@ -64,7 +64,8 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
     else:
         decoder = decoder_from_profile(profile, threads=None)  # threads: the CLI's choice, made below
         choice = apply_threads(threads, decoder.target.model)
-        decoder.step_costs = _step_costs(profile, decoder.target.model.device, threads)  # keyed by the threads
+        costs = step_costs(profile, [profile.drafter], decoder.target.model.device, threads)  # after the threads
+        decoder.step_costs = costs.get(profile.drafter)
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt, turn_images=turn_images)
         typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
@@ -92,16 +93,5 @@ def _oracle_decoder(profile: Profile, pictures: list, questions: list[str], raw_
     recorded = recorded_by_ar(models, pictures, questions, raw_prompt, turn_images=turn_images)
     typer.echo(f"note: oracle replays the target's output of a first ar run ({sum(map(len, recorded))} tokens in "
                f"{time.perf_counter() - start:.1f} s, not counted); it is a benchmark tool", err=True)
-    step_costs = _step_costs(profile, models.target.model.device, threads)
-    return models.decoder(ORACLE, recorded=recorded, step_costs=step_costs), choice
-
-
-def _step_costs(profile: Profile, device, threads: int | None):
-    """The profile drafter's step costs for ``--gamma-schedule cost`` (None: not that schedule, or none cached,
-    which one ``note:`` line says); looked up after the thread choice, which the cache is keyed by."""
-    from mmspec_cli.bench.latency import run_step_costs
-
-    costs, note = run_step_costs(profile, [profile.drafter], device, threads)
-    if note:
-        typer.echo(note, err=True)
-    return costs.get(profile.drafter)
+    costs = step_costs(profile, [ORACLE], models.target.model.device, threads).get(ORACLE)
+    return models.decoder(ORACLE, recorded=recorded, step_costs=costs), choice

@@ -69,6 +69,18 @@ def check_threads(threads: int | None) -> int | None:
     return None if threads is None else check_count(threads, "--threads")
 
 
+def step_costs(profile: Any, drafters: list[str], device: Any, threads: int | None) -> dict:
+    """The step costs ``--gamma-schedule cost`` chooses γ from, per drafter (``bench/latency.run_step_costs``), with
+    its one ``note:`` line on stderr when some are not measured; looked up after the thread choice, which the cache is
+    keyed by."""
+    from mmspec_cli.bench.latency import run_step_costs
+
+    costs, note = run_step_costs(profile, drafters, device, threads)
+    if note:
+        typer.echo(note, err=True)
+    return costs
+
+
 def flag_type(name: str, help_text: str | None = None) -> Any:
     """The typer annotation of override ``name``'s flag (``--name-with-dashes``), unset by default."""
     spec = OVERRIDES[name]
