@@ -10,10 +10,11 @@ from __future__ import annotations
 #: m multimodal, t text-only, c caption, p pooled (TABED §4, §6.1).
 MEMBER_LETTERS = ("m", "t", "c", "p")
 
-#: Trained draft heads that read the target's own features (``models/head.py``, ``drafters/head.py``,
-#: ``mmspec train-head KIND``): EAGLE-2's head and ViSpec's. A head is its own drafter (named by its kind),
-#: never an ensemble member.
-HEAD_KINDS = ("eagle", "vispec")
+#: Trained draft heads that read the target's own features (``models/head.py``, ``models/eagle3.py``,
+#: ``drafters/head.py``, ``mmspec train-head KIND``): EAGLE-2's head, ViSpec's and EAGLE-3's. A head is its own
+#: drafter (named by its kind), never an ensemble member.
+HEAD_KINDS = ("eagle", "vispec", "eagle3")
+EAGLE3 = "eagle3"
 
 #: ``ssd`` without the profile's imitation network (FastVLM's "draft without imitation"), to compare both in one run.
 SSD_PLAIN = "ssd:plain"

@@ -38,6 +38,7 @@ from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
 from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, own_generate, speculative_decoder, write_profile
+from tests.test_eagle3 import random_eagle3
 from tests.test_heads import random_head
 
 MAX_NEW = 16
@@ -201,7 +202,7 @@ def test_greedy_equals_target_generate(qwen, refs, family, n_images, drafter, ga
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("case", ["m-width", "m-dynamic", "tabed-width", "mt-dynamic", "ssd", "ssd-width", "eagle",
-                                  "vispec-dynamic"])
+                                  "vispec-dynamic", "eagle3-dynamic"])
 def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
     """Token trees of both kinds put node i at the prefix + depth + δ on all three axes (batched rows: each row's
     own δ); ssd drafts in the target's own state (its offset included); a head reads the target's features over
@@ -210,9 +211,11 @@ def test_trees_ssd_and_heads_equal_target_generate(qwen, refs, family, case):
     target = models["target"]
     options = {"m-width": dict(tree_width=3), "m-dynamic": DYNAMIC, "tabed-width": dict(tree_width=2),
                "mt-dynamic": DYNAMIC, "ssd": {}, "ssd-width": dict(tree_width=2), "eagle": {},
-               "vispec-dynamic": DYNAMIC}[case]
+               "vispec-dynamic": DYNAMIC, "eagle3-dynamic": DYNAMIC}[case]
     name = case.split("-")[0]
-    if name in ("eagle", "vispec"):
+    if name == "eagle3":  # at the target's own M-RoPE positions (Qwen3-VL's interleaved)
+        drafter = HeadDrafter(target, random_eagle3(target))
+    elif name in ("eagle", "vispec"):
         drafter = HeadDrafter(target, random_head(target, name))
     else:
         drafter = build_drafter(name, target, models["draft"], ssd_layer=1)
@@ -234,7 +237,7 @@ def qwen3_one_layer(tmp_path_factory):
     return {**models, "reference": reference(models["target"], [QUESTION], [], tiny_qwen.images(2))}
 
 
-@pytest.mark.parametrize("case", ["m", "mtp-dynamic"])
+@pytest.mark.parametrize("case", ["m", "mtp-dynamic", "eagle3"])
 def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
     included (a padded step continues every axis), for a draft model's chain and for batched rows (a pooled one
@@ -243,17 +246,24 @@ def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     run's, block by block. One family, of one layer: each family compiles its own graphs, seconds each per layer."""
     models = qwen3_one_layer
     assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
-    name, options = ("m", {}) if case == "m" else ("mtp", DYNAMIC)
+    name, options = {"m": ("m", {}), "mtp-dynamic": ("mtp", DYNAMIC), "eagle3": ("eagle3", {})}[case]
     turns = {}
     for kv in ("dynamic", "compiled"):
-        decoder = speculative_decoder(models["target"], name, models["draft"], gamma=3, max_new_tokens=MAX_NEW,
+        drafter = HeadDrafter(models["target"], random_eagle3(models["target"])) if name == "eagle3" else name
+        decoder = speculative_decoder(models["target"], drafter, models["draft"], gamma=3, max_new_tokens=MAX_NEW,
                                       kv=kv, **options)
         turns[kv] = decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0]
     assert turns["compiled"].token_ids == models["reference"]
     assert [b.draft for b in turns["compiled"].blocks] == [b.draft for b in turns["dynamic"].blocks]
-    for model, role in ((models["target"].model, "target"), (models["draft"].model, "draft")):
-        step = compiled_forward(model, role)  # the one the decoder used: one per model and process
-        assert step.failed is None and step.graphs.traced, f"the {role}'s steps ran eager"
+    if name == "eagle3":  # the target's step returns the inputs of the head's layers; the head's chain is one graph
+        head = decoder.drafter.head
+        steps = {"target": compiled_forward(models["target"].model, "target", head.layers_read).graphs,
+                 "head chain": decoder.drafter.chain}
+    else:
+        steps = {role: compiled_forward(model, role).graphs  # the one the decoder used: one per model and process
+                 for model, role in ((models["target"].model, "target"), (models["draft"].model, "draft"))}
+    for role, graphs in steps.items():
+        assert graphs.failed is None and graphs.traced, f"the {role}'s steps ran eager"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

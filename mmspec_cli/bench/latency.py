@@ -198,15 +198,21 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
     )
 
 
+def head_logits(head, lm_head):
+    """What turns a head's output into logits: the target's LM head, or an EAGLE-3 head's own (over its draft
+    vocabulary, scattered into the target's)."""
+    return head.logits if getattr(head, "kind", None) == "eagle3" else lm_head
+
+
 @torch.inference_mode()
 def head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
     """Median time of one draft-head step (its layer on one new entry after ``seq`` cached ones, then the
-    target's LM head): what each drafted token of ``eagle``/``vispec`` costs."""
+    target's LM head): what each drafted token of ``eagle``/``vispec``/``eagle3`` costs."""
     from mmspec_cli.models.head import causal_mask
 
     weight = head.fc.weight
     generator = torch.Generator().manual_seed(seq)
-    hidden = head.fc.in_features // 2
+    hidden = head.input_width
     prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
     entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
     state = DynamicKV(config=head.config)
@@ -291,7 +297,7 @@ def compiled_head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> floa
 
     weight = head.fc.weight
     generator = torch.Generator().manual_seed(seq)
-    hidden = head.fc.in_features // 2
+    hidden = head.input_width
     prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
     entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
     state = _static_state(head, "head", seq + 1)
@@ -354,7 +360,7 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     target_ms = {f"{s},{g}": step(target, 1, s, g, "target") for s in seqs for g in gammas}
     draft_ms = {f"{b},{s}": step(draft, b, s, 1, "draft") for b in batches for s in seqs} if draft else {}
     lm_head = target.get_output_embeddings()
-    head_ms = {kind: {str(s): head_step(head, lm_head, s, timer) for s in seqs}
+    head_ms = {kind: {str(s): head_step(head, head_logits(head, lm_head), s, timer) for s in seqs}
                for kind, head in (heads or {}).items()}
     ssd_ms, ssd_setting = {}, None
     if ssd is not None:

@@ -474,21 +474,23 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     return steps[name]
 
 
-def compiled_forward(model: Any, role: str) -> CompiledStep:
+def compiled_forward(model: Any, role: str, layers: tuple[int, ...] = ()) -> CompiledStep:
     """The one compiled step of ``model``'s forward on text tokens in this process: embed, the language decoder,
     the LM head, as the model's own ``forward`` runs them without pixels. It returns the logits (B, n, V), the
-    input embeddings and the last hidden states (B, n, H): a draft head reads those, and a forward hook does not
-    run inside a compiled graph. It holds the model's parts, not the model (the registry's key)."""
+    input embeddings and the features a draft head reads: the last hidden states (B, n, H), or the inputs of
+    ``layers`` concatenated (B, n, len(layers)·H; ``hidden_states[k]`` is the input of layer k). A forward hook does
+    not run inside a compiled graph. It holds the model's parts, not the model (the registry's key)."""
 
     def make() -> Callable:
         decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
 
         def forward(input_ids, position_ids, attention_mask, cache):
             embeds = embed(input_ids)
-            hidden = decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
-                             **with_cache(cache), use_cache=True).last_hidden_state
-            return lm_head(hidden), embeds, hidden
+            out = decoder(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask,
+                          **with_cache(cache), use_cache=True, output_hidden_states=bool(layers))
+            features = torch.cat([out.hidden_states[k] for k in layers], dim=-1) if layers else out.last_hidden_state
+            return lm_head(out.last_hidden_state), embeds, features
 
         return forward
 
-    return shared_step(model, "forward", make, role, model.device)
+    return shared_step(model, "forward" + "".join(f",{k}" for k in layers), make, role, model.device)

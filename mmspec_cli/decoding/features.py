@@ -1,10 +1,13 @@
 """The target's own features at every position its cache holds, for draft heads (EAGLE, ViSpec).
 
-A head reads, per position, the target's last hidden state (after its final norm: what feeds
+An EAGLE-2 or ViSpec head reads, per position, the target's last hidden state (after its final norm: what feeds
 its LM head) and its input embedding (the projector output at image slots). Both come from ONE
 forward hook on the target's language decoder, registered once per model: it reads the
-decoder's ``inputs_embeds`` argument and its ``last_hidden_state`` output. Nothing in
-transformers is patched, and a forward of the target computes nothing extra.
+decoder's ``inputs_embeds`` argument and its ``last_hidden_state`` output. An EAGLE-3 head reads instead the
+residual stream at the input of a few decoder layers (``layers``), concatenated: one forward pre-hook per such
+layer reads its ``hidden_states`` argument. Nothing in transformers is patched, and a forward of the target
+computes nothing extra. Every row also keeps the position ids it was fed at ((rows, n): 1, or M-RoPE's 3), which
+an EAGLE-3 head runs its entries at.
 
 :class:`FeatureTrack` keeps those rows aligned with a :class:`~mmspec_cli.decoding.kv.CachedModel`'s
 ``ids``: the cached model crops, clears and extends it exactly as it does its KV cache, and for
@@ -23,20 +26,35 @@ from mmspec_cli.models.parts import text_decoder
 
 
 class _Tap:
-    """The hook's last reading of one model: (input embeddings, last hidden states), each (n, H)."""
+    """The hooks' last reading of one model: (input embeddings, features), each (n, ·): the last hidden states, or
+    the inputs of ``layers`` concatenated."""
 
-    def __init__(self, decoder: torch.nn.Module):
+    def __init__(self, decoder: torch.nn.Module, layers: tuple[int, ...] = ()):
         self.latest: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.layers = layers
+        self.inputs: dict[int, torch.Tensor] = {}
         self.decoder = decoder
+        for k in layers:
+            decoder.layers[k].register_forward_pre_hook(self._reader_of(k), with_kwargs=True)
         decoder.register_forward_hook(self._read, with_kwargs=True)
+
+    def _reader_of(self, k: int):
+        def read(module, args, kwargs) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.inputs[k] = hidden[0].detach()
+        return read
 
     def _read(self, module, args, kwargs, output) -> None:
         embeds = kwargs.get("inputs_embeds")
         if embeds is None:  # a decoder called with token ids embeds them itself
             ids = kwargs.get("input_ids", args[0] if args else None)
             embeds = module.embed_tokens(ids)
-        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-        self.latest = (embeds[0].detach(), hidden[0].detach())
+        if self.layers:
+            features = torch.cat([self.inputs[k] for k in self.layers], dim=-1)  # an id may repeat (few layers)
+            self.inputs = {}
+        else:
+            features = (output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])[0]
+        self.latest = (embeds[0].detach(), features.detach())
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.latest is None:
@@ -45,41 +63,51 @@ class _Tap:
         return latest
 
 
-_TAPS: "weakref.WeakKeyDictionary[Any, _Tap]" = weakref.WeakKeyDictionary()
+_TAPS: "weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], _Tap]]" = weakref.WeakKeyDictionary()
 
 
-def tap_for(model: Any) -> _Tap:
-    """The one tap of ``model`` (registered on first use)."""
-    if model not in _TAPS:
-        _TAPS[model] = _Tap(text_decoder(model))
-    return _TAPS[model]
+def tap_for(model: Any, layers: tuple[int, ...] = ()) -> _Tap:
+    """The one tap of ``model`` reading ``layers``' inputs (none: its last hidden states), registered on first use."""
+    taps = _TAPS.setdefault(model, {})
+    if layers not in taps:
+        taps[layers] = _Tap(text_decoder(model), layers)
+    return taps[layers]
 
 
 class FeatureTrack:
-    """Input embeddings and last hidden states (after the final norm) of the cached positions, (len, H) each.
+    """Input embeddings, features (the last hidden states after the final norm, or the inputs of ``layers``) and
+    position ids of the cached positions: (len, H), (len, F) and (len, R) (R = 1, or 3 for M-RoPE).
 
-    The rows live in two preallocated buffers that double when full, so a long turn appends in
-    amortised O(1) per position instead of re-copying every row (``torch.cat``); :attr:`embeds` and
-    :attr:`hidden` are views of the held rows.
+    The rows live in preallocated buffers that double when full, so a long turn appends in amortised O(1) per
+    position instead of re-copying every row (``torch.cat``); :attr:`embeds`, :attr:`hidden` and :attr:`positions`
+    are views of the held rows.
     """
 
-    def __init__(self, model: Any):
-        self.tap = tap_for(model)
-        self._embeds: torch.Tensor | None = None  # (capacity, H)
-        self._hidden: torch.Tensor | None = None
+    def __init__(self, model: Any, layers: tuple[int, ...] = ()):
+        self.layers = tuple(layers)
+        self.tap = tap_for(model, self.layers)
+        self._rows: list[torch.Tensor] | None = None  # embeds (capacity, H), hidden (capacity, F), positions (capacity, R)
         self.length = 0
-        self._tree: list[tuple[torch.Tensor, torch.Tensor]] = []  # rows of fed tree nodes, in feeding order
+        self._tree: list[tuple[torch.Tensor, ...]] = []  # rows of fed tree nodes, in feeding order
 
     def __len__(self) -> int:
         return self.length
 
+    def _held(self, which: int) -> torch.Tensor | None:
+        return None if self._rows is None else self._rows[which][:self.length]
+
     @property
     def embeds(self) -> torch.Tensor | None:
-        return None if self._embeds is None else self._embeds[:self.length]
+        return self._held(0)
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        return None if self._hidden is None else self._hidden[:self.length]
+        return self._held(1)
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """(len, R) the position ids each held row was fed at."""
+        return self._held(2)
 
     def clear(self) -> None:
         self.length = 0
@@ -89,42 +117,50 @@ class FeatureTrack:
         self._tree = []
         self.length = min(self.length, length)
 
-    def extend(self) -> None:
-        """Append every row of the (eager) forward that just ran (the positions it fed, in order)."""
-        self._append(*self.tap.take())
+    def extend(self, positions: torch.Tensor) -> None:
+        """Append every row of the (eager) forward that just ran (the positions it fed, in order, at ``positions``:
+        (1, n), or M-RoPE's (3, 1, n))."""
+        self._append(*self.tap.take(), positions)
 
-    def append_rows(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
+    def append_rows(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> None:
         """Append rows a compiled forward returned (a forward hook does not run inside a compiled graph)."""
-        self._append(embeds, hidden)
+        self._append(embeds, hidden, positions)
 
-    def hold_tree(self) -> None:
+    def hold_tree(self, positions: torch.Tensor) -> None:
         """Keep the rows of the tree nodes the (eager) forward that just ran fed, until :meth:`settle_tree`."""
-        self.hold_tree_rows(*self.tap.take())
+        self.hold_tree_rows(*self.tap.take(), positions)
 
-    def hold_tree_rows(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
+    def hold_tree_rows(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> None:
         """Keep these tree nodes' rows (in feeding order) until :meth:`settle_tree`."""
-        self._tree.extend(zip(embeds, hidden))
+        self._tree.extend(zip(embeds, hidden, _by_row(positions)))
 
     def settle_tree(self, fed_nodes: Sequence[int]) -> None:
         """Append the rows of these fed tree nodes (the accepted path's, in order); forget the rest."""
         rows = [self._tree[node] for node in fed_nodes]
         self._tree = []
         if rows:
-            self._append(torch.stack([e for e, _ in rows]), torch.stack([h for _, h in rows]))
+            self._grow(*(torch.stack(part) for part in zip(*rows)))
 
     def drop_tree(self) -> None:
         self._tree = []
 
-    def _append(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
-        needed = self.length + hidden.shape[0]
-        if self._hidden is None or needed > self._hidden.shape[0]:
-            capacity = max(needed, 2 * (0 if self._hidden is None else self._hidden.shape[0]), 64)
-            grown_e = embeds.new_empty(capacity, embeds.shape[-1])
-            grown_h = hidden.new_empty(capacity, hidden.shape[-1])
+    def _append(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> None:
+        self._grow(embeds, hidden, _by_row(positions))
+
+    def _grow(self, *parts: torch.Tensor) -> None:
+        needed = self.length + parts[0].shape[0]
+        if self._rows is None or needed > self._rows[0].shape[0]:
+            capacity = max(needed, 2 * (0 if self._rows is None else self._rows[0].shape[0]), 64)
+            grown = [part.new_empty(capacity, part.shape[-1]) for part in parts]
             if self.length:
-                grown_e[:self.length] = self._embeds[:self.length]
-                grown_h[:self.length] = self._hidden[:self.length]
-            self._embeds, self._hidden = grown_e, grown_h
-        self._embeds[self.length:needed] = embeds
-        self._hidden[self.length:needed] = hidden
+                for new, old in zip(grown, self._rows):
+                    new[:self.length] = old[:self.length]
+            self._rows = grown
+        for buffer, part in zip(self._rows, parts):
+            buffer[self.length:needed] = part
         self.length = needed
+
+
+def _by_row(positions: torch.Tensor) -> torch.Tensor:
+    """Position ids (1, n) or M-RoPE's (3, 1, n) as (n, R): one row per position."""
+    return positions.reshape(-1, positions.shape[-1]).T

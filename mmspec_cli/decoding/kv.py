@@ -137,11 +137,14 @@ class CachedModel:
             self._claim()  # first: a state another cached model used is emptied for this one
             self._pool().claim(self, positions)
 
-    def track_features(self) -> FeatureTrack:
-        """From now on keep the model's input embeddings and last hidden states of every cached position."""
-        if self.features is None:
+    def track_features(self, layers: tuple[int, ...] = ()) -> FeatureTrack:
+        """From now on keep the model's input embeddings and features of every cached position: its last hidden
+        states, or the inputs of ``layers`` (an EAGLE-3 head's)."""
+        if self.features is None or self.features.layers != tuple(layers):
             self.reset()  # what is cached already was fed without them
-            self.features = FeatureTrack(self.model)
+            self.features = FeatureTrack(self.model, tuple(layers))
+            if self.kv == "compiled":
+                self.compiled = compiled_forward(self.model, self.role, tuple(layers))
         return self.features
 
     def reset(self) -> None:
@@ -205,14 +208,14 @@ class CachedModel:
         if compiled is not None:
             logits, embeds, hidden = (out[0] for out in compiled)
             if self.features is not None:
-                self.features.hold_tree_rows(embeds, hidden)
+                self.features.hold_tree_rows(embeds, hidden, positions)
             return logits  # (n, V)
         state.room_for(len(nodes))
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **with_cache(state.cache), use_cache=True, logits_to_keep=0)
         state.wrote(len(nodes))
         if self.features is not None:
-            self.features.hold_tree()
+            self.features.hold_tree(positions)
         return out.logits[0]  # (n, V)
 
     @torch.inference_mode()
@@ -341,11 +344,11 @@ class CachedModel:
         if compiled is not None:
             logits, embeds, hidden = (out[0] for out in compiled)
             if self.features is not None:
-                self.features.append_rows(embeds, hidden)
+                self.features.append_rows(embeds, hidden, positions)
         else:
             logits = self._eager(ids, images, positions, wanted)
             if self.features is not None:
-                self.features.extend()
+                self.features.extend(positions)
         return logits[-wanted:] if wanted else None
 
     def _eager(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], positions: torch.Tensor,

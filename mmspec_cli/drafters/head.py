@@ -1,5 +1,6 @@
-"""Drafting with a trained head that reads the target's own features: ``eagle`` (EAGLE-2's head) and
-``vispec`` (ViSpec: the same head plus a vision adaptor and a global image feature).
+"""Drafting with a trained head that reads the target's own features: ``eagle`` (EAGLE-2's head), ``vispec``
+(ViSpec: the same head plus a vision adaptor and a global image feature) and ``eagle3`` (EAGLE-3's head: the inputs
+of three target layers fused, its own draft vocabulary, :mod:`mmspec_cli.models.eagle3`).
 
 The head (:mod:`mmspec_cli.models.head`) keeps its own KV cache of the verified context, one entry
 per pair (f_p, e_{p+1}) of the target's last hidden state and the next input embedding. Each block:
@@ -10,7 +11,8 @@ per pair (f_p, e_{p+1}) of the target's last hidden state and the next input emb
    ``ssd`` does, so the prompt's features exist before the first draft). The pairs not yet in the
    head's cache are fed in ONE head forward; the last one's output h approximates the target's
    hidden state at the last verified token.
-2. **Draft.** ``lm_head(h)`` (the TARGET's LM head) proposes the next token x; the pair (h, e_x)
+2. **Draft.** ``lm_head(h)`` (the TARGET's LM head; an EAGLE-3 head's own, over its draft vocabulary) proposes the
+   next token x; the pair (h, e_x)
    is fed next, at the next position, and so on: a chain of γ, or a tree level by level
    (EAGLE-2's dynamic tree when ``--tree dynamic``), each node fed with its parent's h.
 3. **Roll back** (``accept``). Every drafted entry is cropped again: the next catch-up feeds the
@@ -35,20 +37,23 @@ from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
+from mmspec_cli.models.eagle3 import Eagle3Head, full_vocabulary, layer_pass, own_pair
 from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, image_runs, layer_step
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import ModelPrompt
 
 
 class HeadDrafter(Drafter):
-    """``eagle`` / ``vispec``: draft with ``head`` over the target's features and its LM head."""
+    """``eagle`` / ``vispec`` / ``eagle3``: draft with ``head`` over the target's features (and the target's LM head,
+    or an EAGLE-3 head's own)."""
 
-    def __init__(self, target: LoadedModel, head: DraftHead):
+    def __init__(self, target: LoadedModel, head: DraftHead | Eagle3Head):
         self.name = head.kind
         self.traits = DrafterTraits()  # its network is the head, and its proposals come through the target's LM head
         self.target = target
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
+        self.eagle3 = isinstance(head, Eagle3Head)  # reads layer inputs, runs at the target's positions
         self.device = head.fc.weight.device
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
@@ -62,6 +67,7 @@ class HeadDrafter(Drafter):
                                          done=self._tree_done))
         self.base = 0  # entries before the block's drafts
         self.image_runs: list[tuple[int, int]] = []  # the prompt's image runs (models.head.image_runs), per turn
+        self.rope_rows = 1  # rows of the positions an EAGLE-3 head runs at: the target's (3 for M-RoPE)
         self._reset_head()
 
     def _reset_head(self) -> None:
@@ -88,11 +94,11 @@ class HeadDrafter(Drafter):
         """Read the target's features from now on; the head's state is of the target's kind (static and compiled
         when the target's is); the prompt, which the first block's catch-up feeds whole."""
         self.cached_target = turn.cached_target
-        self.cached_target.track_features()
+        self.cached_target.track_features(self.head.layers_read if self.eagle3 else ())
         if turn.cached_target.kv != self.kv:
             self.kv = turn.cached_target.kv
             self.compiled = compiled_head_step(self.head, self.device) if self.kv == "compiled" else None
-            self.chain = compiled_chain(self.head, "greedy chain", self.compiled, lambda: head_step(self.head)) \
+            self.chain = compiled_chain(self.head, "greedy chain", self.compiled, lambda: chain_step(self.head)) \
                 if self.kv == "compiled" else None
             self.step = DraftStep(self._feed, compiled=self._compiled if self.chain is not None else None)
             self._reset_head()
@@ -136,19 +142,44 @@ class HeadDrafter(Drafter):
         if len(track) != held:
             raise RuntimeError(f"the target's features cover {len(track)} positions, {held} expected")
         first = self.pairs_done  # only the rows not fed yet are copied: the track grows with the turn
-        last_token = generated[-1] if generated else self.prompt.ids[-1]
-        last = self.head.embed_tokens(torch.tensor([last_token], device=self.device))  # (1, H)
-        embeds = torch.cat([self._here(track.embeds[first:]), last])  # e_p from p = first; projector outputs at slots
+        if self.eagle3:  # e_p: the head's embedding of the token ids (a placeholder's at image slots)
+            ids = self._verified_ids(first, generated)
+            embeds = self.head.embed_tokens(torch.tensor(ids, device=self.device))
+        else:  # e_p: the target's input embeddings (projector outputs at image slots), then the last token's
+            last_token = generated[-1] if generated else self.prompt.ids[-1]
+            last = self.head.embed_tokens(torch.tensor([last_token], device=self.device))  # (1, H)
+            embeds = torch.cat([self._here(track.embeds[first:]), last])
         seq = head_sequence(self.head, range(held + 1), self._here(track.hidden[first:]), embeds, first,
                             self.target.image_token_id, len(self.prompt.ids), self.glob, offset=first,
                             runs=self.image_runs)  # range: only the length is read, the runs are the turn's
         if len(seq.positions):
-            out = self._forward(seq.inputs, torch.tensor([seq.positions], device=self.device),
+            positions = (self._as_positions(track.positions[first:held]) if self.eagle3
+                         else torch.tensor([seq.positions], device=self.device))
+            out = self._forward(seq.inputs, positions,
                                 causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
             self.last_h = out[-1]
         self.pairs_done, self.glob = held, seq.glob
         self.base = self.entries
+        if self.eagle3:  # drafts run at the last verified token's position + 1, and on (vLLM's proposer alike)
+            self.rope_rows = track.positions.shape[-1]
+            return int(track.positions[held - 1, 0]) + 1 if held else 0
         return held
+
+    def _verified_ids(self, start: int, generated: Sequence[int]) -> list[int]:
+        """The verified token ids from index ``start`` on (the prompt's, then the turn's generated ones)."""
+        prompt = self.prompt.ids
+        return list(prompt[start:]) + list(generated[max(0, start - len(prompt)):])
+
+    def _as_positions(self, rows: torch.Tensor) -> torch.Tensor:
+        """Position ids kept per row (n, R) as a forward takes them: (1, n), or M-RoPE's (3, 1, n)."""
+        rows = rows.to(self.device)
+        return rows.T if rows.shape[-1] == 1 else rows.T[:, None, :]
+
+    def _draft_positions(self, start: torch.Tensor | int, count: int | None = None) -> torch.Tensor:
+        """Positions of drafted entries: ``start`` .. ``start + count − 1`` (or the (1, n) ``start`` given), every
+        M-RoPE row alike (text after the prompt), as the target's positions ids are shaped."""
+        positions = start if count is None else torch.arange(start, start + count, device=self.device)[None]
+        return positions if self.rope_rows == 1 else positions[None].expand(self.rope_rows, *positions.shape)
 
     def _here(self, rows: torch.Tensor) -> torch.Tensor:
         return rows.to(device=self.device, dtype=self.head.fc.weight.dtype)
@@ -168,9 +199,11 @@ class HeadDrafter(Drafter):
     def _fuse(self, tokens: Sequence[int], parents_h: torch.Tensor) -> torch.Tensor:
         """Layer inputs (n, H) of drafted tokens, each fed with its parent's output as its feature."""
         embeds = self.head.embed_tokens(torch.tensor(list(tokens), device=self.device))
-        return self.head.fuse(embeds, parents_h, None if self.glob is None else self.glob[None])
+        return self.head.feed_own(embeds, parents_h, None if self.glob is None else self.glob[None])
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.eagle3:
+            return self.head.logits(hidden)
         return self.lm_head(hidden.to(self.lm_head.weight.dtype))
 
     # ------------------------------------------------------------------ chains
@@ -190,7 +223,7 @@ class HeadDrafter(Drafter):
 
     def _feed(self, token: int, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager draft step: the pair (h, e_token) at the next position, seeing every entry before it."""
-        h = self._forward(self._fuse([token], h[None]), torch.tensor([[self._position + i]], device=self.device),
+        h = self._forward(self._fuse([token], h[None]), self._draft_positions(self._position + i, 1),
                           causal_mask(1, self.base + i, h.dtype, self.device))[-1]
         return self._logits(h), h
 
@@ -202,9 +235,10 @@ class HeadDrafter(Drafter):
             return None
         fed = steps - 1
         state.room_for(fed)
-        positions = torch.arange(self._position, self._position + fed, device=self.device)[None]
+        positions = self._draft_positions(self._position, fed)
         glob = None if self.glob is None else self.glob[None]
-        out = self.chain(first, h[None], positions, steps, lm_head.weight, lm_head.bias, glob, state.cache)
+        params = () if self.eagle3 else (lm_head.weight, lm_head.bias, glob)
+        out = self.chain(first, h[None], positions, steps, *params, state.cache)
         if out is None:
             state.rollback(state.length)
             return None
@@ -227,7 +261,7 @@ class HeadDrafter(Drafter):
         parents_h = torch.stack([self.last_h if p == ROOT else self._outputs[p] for p in parents])  # (n, H)
         nodes = self._tree.add(tokens, parents)
         mask, positions = self._tree.inputs(nodes, parents_h.dtype, self.device)  # (1, 1, n, seen), (1, n)
-        out = self._forward(self._fuse(tokens, parents_h), positions + self._shift, mask)  # (n, H)
+        out = self._forward(self._fuse(tokens, parents_h), self._draft_positions(positions + self._shift), mask)
         self._outputs.extend(out)
         return proposal(self._logits(out), picker)  # (n, V)
 
@@ -236,12 +270,30 @@ class HeadDrafter(Drafter):
         self._outputs = []
 
 
-def compiled_head_step(head: DraftHead, device: torch.device) -> CompiledStep:
+def compiled_head_step(head: DraftHead | Eagle3Head, device: torch.device) -> CompiledStep:
     """The one compiled step of ``head``'s layer in this process (``inputs, positions, mask, cache`` -> its outputs):
     what a head drafts with under ``--compile``, and what ``profile-latency --compile`` times."""
-    layer, rotary = head.layers[0], head.rotary  # its parts: the registry's key stays collectable
+    if isinstance(head, Eagle3Head):
+        midlayer, rotary = head.midlayer, head.rotary  # its parts: the registry's key stays collectable
+        return shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
+            layer_pass(midlayer, rotary, inputs, positions, mask, cache),), "head", device)
+    layer, rotary = head.layers[0], head.rotary
     return shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
         layer_step(layer, rotary, inputs, positions, mask, cache),), "head", device)
+
+
+def chain_step(head: DraftHead | Eagle3Head) -> Callable:
+    """The draft step of ``head``'s compiled chain: :func:`head_step`, or :func:`eagle3_step`."""
+    return eagle3_step(head) if isinstance(head, Eagle3Head) else head_step(head)
+
+
+def unwritten_mask(cache, h: torch.Tensor) -> torch.Tensor:
+    """The additive mask (1, 1, 1, capacity) of one new entry in a head's static cache: it sees every written slot
+    (those before the write pointer, its own included once written), nothing after."""
+    written = cache.layers[0]
+    unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
+    mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
+    return mask.masked_fill(unwritten, torch.finfo(h.dtype).min)[None, None, None]
 
 
 def head_step(head: DraftHead) -> Callable:
@@ -256,12 +308,23 @@ def head_step(head: DraftHead) -> Callable:
     layer, rotary = head.layers[0], head.rotary
 
     def step(token, h, position, lm_weight, lm_bias, glob, cache):
-        written = cache.layers[0]
-        unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
-        mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
-        mask = mask.masked_fill(unwritten, torch.finfo(h.dtype).min)
         inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
-        h = layer_step(layer, rotary, inputs[None], position, mask[None, None, None], cache)[0]
+        h = layer_step(layer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
         return torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias), h
+
+    return step
+
+
+def eagle3_step(head: Eagle3Head) -> Callable:
+    """An EAGLE-3 head's draft step for the compiled chain, as :func:`head_step`: the pair ``cat(e_token, h)`` at
+    ``position``; the next proposal is the head's own logits over the target's vocabulary
+    (:meth:`~mmspec_cli.models.eagle3.Eagle3Head.logits`)."""
+    embed, midlayer, rotary, norm, lm_head = head.embed_tokens, head.midlayer, head.rotary, head.norm, head.lm_head
+    target_ids, vocab_size = head.target_ids, head.config.vocab_size
+
+    def step(token, h, position, cache):
+        inputs = own_pair(embed(token), h)  # (1, 2H)
+        h = layer_pass(midlayer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
+        return full_vocabulary(lm_head(norm(h)), target_ids, vocab_size), h
 
     return step

@@ -116,6 +116,15 @@ class DraftHead(nn.Module):
     def sees_images(self) -> bool:
         return self.kind == "vispec"
 
+    @property
+    def input_width(self) -> int:
+        """The width of a layer input (the fused pair)."""
+        return self.fc.out_features
+
+    def feed_own(self, embeds: torch.Tensor, hidden: torch.Tensor, glob: torch.Tensor | None) -> torch.Tensor:
+        """Layer inputs of drafted tokens, each with its parent's output h as its feature: fused as the target's are."""
+        return self.fuse(embeds, hidden, glob)
+
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor, glob: torch.Tensor | None) -> torch.Tensor:
         """The layer input of text pairs: ``fc(cat(e, f))``, or ``fc(cat(e, img_fc(cat(f, g))))`` (vispec)."""
         return fuse(self.fc, self.img_fc if self.sees_images else None, embeds, features, glob)
@@ -224,8 +233,7 @@ def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, e
         pairs += kept
         predicts += [False] * count
         p = t
-    hidden = head.fc.in_features // 2
-    inputs = torch.cat(rows) if rows else features.new_zeros(0, hidden)
+    inputs = torch.cat(rows) if rows else features.new_zeros(0, head.input_width)
     return HeadSequence(inputs, positions, pairs, predicts, glob)
 
 

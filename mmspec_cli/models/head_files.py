@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig
 
+from mmspec_cli.choices import EAGLE3
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
 from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
@@ -165,6 +166,12 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
     kind of head the drafter that will use it needs (None: any), checked when the profile names no kind."""
     shown = shorten(model)
     folder = head_dir(model, revision)
+    if kind == EAGLE3 or (kind is None and drafter == EAGLE3):
+        from mmspec_cli.models.eagle3_files import load_eagle3
+
+        return load_eagle3(model, target, revision)
+    if looks_eagle3(folder):
+        check_kind(EAGLE3, kind, drafter, shown)
     info = read_info(folder, shown)
     check_fits(info, target, shown)
     weights = read_weights(folder, shown)
@@ -184,6 +191,20 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
     head.load_state_dict(weights, strict=True, assign=True)  # keep the stored precision until the cast below
     lm_head = target.model.get_output_embeddings().weight
     return head.to(device=lm_head.device, dtype=lm_head.dtype).eval()
+
+
+def looks_eagle3(folder: Path) -> bool:
+    """Whether ``folder``'s config.json is an EAGLE-3 head's (mmspec's, SpecForge's, SGLang's or the speculators
+    format): a draft vocabulary, an ``Eagle3`` architecture or a ``speculators_config``."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(raw, dict):
+        return False
+    names = raw.get("architectures") or []
+    return ("draft_vocab_size" in raw or "speculators_config" in raw or (raw.get("mmspec") or {}).get("kind") == EAGLE3
+            or any("Eagle3" in str(name) for name in names))
 
 
 def check_kind(found: str, kind: str | None, drafter: str | None, shown: str) -> None:
