@@ -189,3 +189,41 @@ def test_greedy_equals_target_generate_over_two_turns(tiny_models, head, tree, n
     first = generation.turns[0]
     assert first.token_ids == reference(target, [QUESTION], [], n_images)
     assert generation.turns[1].token_ids == reference(target, [QUESTION, FOLLOW_UP], [first.text], n_images)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_the_unroll_mask_is_causal_then_diagonal():
+    from mmspec_cli.training.eagle3 import ttt_mask
+
+    mask = ttt_mask(3, 2)
+    assert mask.int().tolist() == [[1, 0, 0, 1, 0, 0, 1, 0, 0],
+                                   [1, 1, 0, 0, 1, 0, 0, 1, 0],
+                                   [1, 1, 1, 0, 0, 1, 0, 0, 1]]
+
+
+def test_each_unrolled_step_is_what_drafting_feeds(head):
+    """Step k at index p of the training-time test == the k-th drafted entry after token p, fed as drafting feeds it:
+    step 0's entries ≤ p, then each drafted entry with its parent's output, the next token's embedding, the next
+    position, seeing everything before it."""
+    from mmspec_cli.training.eagle3 import Eagle3Sequence, unrolled
+
+    torch.manual_seed(3)
+    hidden, width = head.config.hidden_size, head.fc.in_features
+    n_ids = 9
+    seq = Eagle3Sequence(ids=torch.randint(0, head.config.vocab_size, (n_ids,)).tolist(), prompt_len=3,
+                         features=torch.randn(n_ids, width), hidden=torch.randn(n_ids, hidden),
+                         positions=torch.arange(n_ids)[:, None] + 5)
+    steps = [h.detach() for h in unrolled(head, seq, 3)]
+    ids, fused = torch.tensor(seq.ids), head.fc(seq.features.to(torch.float64))
+    for p in range(n_ids - 3):
+        inputs = torch.cat([head.embed_tokens(ids[1:p + 2]), fused[:p + 1]], dim=-1)
+        positions = torch.arange(p + 1) + 5
+        x = head.body(inputs[None], positions[None], causal_mask(p + 1, 0, torch.float64, "cpu"))[0][-1]
+        for k in (1, 2):  # the k-th drafted entry: its parent's output, the embedding of token p + 1 + k
+            inputs = torch.cat([inputs, torch.cat([head.embed_tokens(ids[p + 1 + k:p + 2 + k]), x[None]], dim=-1)])
+            positions = torch.cat([positions, positions[-1:] + 1])
+            n = inputs.shape[0]
+            x = head.body(inputs[None], positions[None], causal_mask(n, 0, torch.float64, "cpu"))[0][-1]
+            torch.testing.assert_close(x, steps[k][p], rtol=0, atol=1e-10)

@@ -23,6 +23,7 @@ from mmspec_cli import __version__
 from mmspec_cli.cli.errors import handles_errors, no_room_in_one_line, shorten, usage_errors_in_one_line
 from mmspec_cli.cli.bench import bench
 from mmspec_cli.cli.compare import compare
+from mmspec_cli.cli.export_head import export_head
 from mmspec_cli.cli.generate import generate
 from mmspec_cli.cli.profile_latency import profile_latency
 from mmspec_cli.cli.select_layer import select_layer
@@ -159,6 +160,7 @@ _register(compare)
 _register(profile_latency)
 _register(select_layer)
 _register(train_head)
+_register(export_head)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from mmspec_cli.choices import HEAD_KINDS, IMITATION, TRAIN_LOSSES
+from mmspec_cli.choices import EAGLE3, HEAD_KINDS, IMITATION, TRAIN_LOSSES
 from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line
 from mmspec_cli.errors import InputError
@@ -27,7 +27,8 @@ from mmspec_cli.training.limits import check_steps
 def train_head(
     ctx: typer.Context,
     kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False, help=(
-        "vispec (ViSpec's head: vision adaptor, global image feature), eagle (EAGLE-2's head), or imitation "
+        "vispec (ViSpec's head: vision adaptor, global image feature), eagle (EAGLE-2's head), eagle3 (EAGLE-3's "
+        "head: three target layers fused, its own draft vocabulary; what vLLM and SGLang serve), or imitation "
         "(FastVLM's imitation network for ssd, after --ssd-layer N)."))],
     source: Annotated[str, typer.Argument(metavar="SOURCE", show_default=False, help=(
         "Prompts the target answers: a JSONL manifest, a built-in suite, demo-train (the demo family's "
@@ -40,8 +41,9 @@ def train_head(
     steps: Annotated[int | None, typer.Option(metavar="N", help="Optimizer steps; overrides --epochs.")] = None,
     lr: Annotated[float, typer.Option(metavar="X", help=(
         "Peak learning rate (ViSpec's script: 3e-5 for 7B targets; tiny heads want about 1e-3)."))] = 3e-5,
-    mtp: Annotated[int, typer.Option(metavar="K", help=(
-        "Multi-token prediction passes: 1 = teacher forcing only; K feeds the head its own outputs K-1 times."))] = 3,
+    mtp: Annotated[int | None, typer.Option(metavar="K", help=(
+        "Multi-token prediction passes: 1 = teacher forcing only; K feeds the head its own outputs K-1 times "
+        "(default 3; eagle3: 7, EAGLE-3's training-time test)."))] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the training whose checkpoint DIR holds.")] = False,
     limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples of SOURCE.")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the answers' sampling, the head and the data order.")] = 0,
@@ -62,10 +64,13 @@ def train_head(
         "once (a run waits while another answers into it, then reuses its answers)."))] = None,
     ssd_layer: Annotated[int | None, typer.Option(metavar="N", help=(
         "imitation: the exit layer the network follows (ssd.layer of the profiles that will use it)."))] = None,
+    draft_vocab: Annotated[int | None, typer.Option(metavar="N", help=(
+        "eagle3: the draft vocabulary, the N most frequent tokens of the target's answers (default 32000, or the "
+        "target's vocabulary if smaller)."))] = None,
     threads: Threads = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Train a draft head (ViSpec or EAGLE-2) for the profile's target with ViSpec's recipe, or FastVLM's imitation network for ssd.
+    """Train a draft head (ViSpec, EAGLE-2 or EAGLE-3) for the profile's target with ViSpec's recipe, or FastVLM's imitation network for ssd.
 
     The target answers SOURCE's prompts (sampled, stored as JSONL beside DIR, reused and resumed); the head learns from the target's own features and distributions over those answers, with multi-token passes. Run it under `accelerate launch` on several GPUs.
     """
@@ -76,11 +81,14 @@ def train_head(
                          "(`mmspec select-layer` suggests one)")
     if kind != IMITATION and ssd_layer is not None:
         raise InputError(f"--ssd-layer is for train-head imitation; a {shorten(kind)} head reads the target's last layer")
+    if kind != EAGLE3 and draft_vocab is not None:
+        raise InputError(f"--draft-vocab is for train-head eagle3; a {shorten(kind)} head drafts over the target's "
+                         f"whole vocabulary")
     if loss not in TRAIN_LOSSES:
         raise InputError(f"--loss: expected one of {', '.join(TRAIN_LOSSES)}, got {shorten(loss)}")
     for flag, value in (("--epochs", epochs), ("--steps", steps), ("--limit", limit), ("--mtp", mtp),
                         ("--batch-size", batch_size), ("--checkpoint-every", checkpoint_every),
-                        ("--answer-tokens", answer_tokens)):
+                        ("--answer-tokens", answer_tokens), ("--draft-vocab", draft_vocab)):
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
     for flag, value in (("--epochs", epochs), ("--steps", steps)):
@@ -101,10 +109,12 @@ def train_head(
 
     from mmspec_cli.models.threads import apply_threads
     from mmspec_cli.training.answers import LONG_ANSWER_SUFFIX, AnswerSettings
-    from mmspec_cli.training.run import TrainHeadSettings, train_head as run
+    from mmspec_cli.training.eagle3 import DEFAULT_TTT_STEPS
+    from mmspec_cli.training.run import DEFAULT_MTP, TrainHeadSettings, train_head as run
 
     settings = TrainHeadSettings(
-        kind=kind, source=source, out=folder, epochs=epochs, steps=steps, lr=lr, mtp=mtp, resume=resume,
+        kind=kind, source=source, out=folder, epochs=epochs, steps=steps, lr=lr, resume=resume, draft_vocab=draft_vocab,
+        mtp=mtp if mtp is not None else (DEFAULT_TTT_STEPS if kind == EAGLE3 else DEFAULT_MTP),
         limit=limit, seed=seed, batch_size=batch_size, checkpoint_every=checkpoint_every, held_out=held_out,
         loss=loss, ssd_layer=ssd_layer, answers=AnswerSettings(temperature=answer_temperature, max_new_tokens=answer_tokens,
                                           suffix=LONG_ANSWER_SUFFIX if answer_suffix is None else answer_suffix,

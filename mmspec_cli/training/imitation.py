@@ -56,7 +56,7 @@ def layer_reader(layer: int):
 
     def read(target: LoadedModel, turn: Turn) -> LayerSequence:
         parts: list[tuple[torch.Tensor, ...]] = []  # per forward: (L + 1) x (N_i, H), [l] after layer l, [L] normed
-        prompt = run_turn(target, turn, lambda out: parts.append(tuple(s[0] for s in out.hidden_states)),
+        prompt = run_turn(target, turn, lambda out, positions: parts.append(tuple(s[0] for s in out.hidden_states)),
                           output_hidden_states=True)
         states = [torch.cat(layer) for layer in zip(*parts)]  # (L + 1) x (N, H)
         fused = torch.cat([states[-k] for k in range(fused_layers(target), 0, -1)], dim=-1)

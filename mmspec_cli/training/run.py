@@ -30,11 +30,13 @@ from typing import Any
 import torch
 
 from mmspec_cli.bench.records import OutLock
-from mmspec_cli.choices import IMITATION
+from mmspec_cli.choices import EAGLE3, IMITATION
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter, check_layer, layer_count
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead
+from mmspec_cli.models.eagle3 import DEFAULT_DRAFT_VOCAB, Eagle3Head, default_layers, draft_vocabulary
+from mmspec_cli.models.eagle3 import head_config as eagle3_config
 from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_imitation
 from mmspec_cli.models.loading import LoadedModel, load_model, resolve_device
@@ -47,6 +49,7 @@ from mmspec_cli.training.answers import AnswerFile, AnswerSettings, answers_path
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
 from mmspec_cli.training.out_folder import CHECKPOINT, check_out, clean_up, make_parents
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
+from mmspec_cli.training.eagle3 import DEFAULT_TTT_STEPS, Eagle3Objective, answer_token_counts, eagle3_reader
 from mmspec_cli.training.imitation import ImitationObjective, layer_reader
 from mmspec_cli.training.limits import check_steps
 from mmspec_cli.training.locks import lock_answers, lock_out
@@ -88,6 +91,7 @@ class TrainHeadSettings:
     eval_max_new_tokens: int | None = None  # None: the profile's decoding.max_new_tokens
     measure_before: bool = True
     ssd_layer: int | None = None  # imitation: the exit layer the network follows
+    draft_vocab: int | None = None  # eagle3: the draft vocabulary's size (None: 32,000 or the target's if smaller)
 
 
 def _load_target(profile: Profile, accelerator: Any) -> LoadedModel:
@@ -269,7 +273,11 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
         log(f"{placeholders} of {len(usable)} answers hold the target's image placeholder id; read as the ordinary "
             f"tokens they were when the target produced them (after the prompt, with no image)")
     by_id = {c.id: c for c in training}
-    reader = layer_reader(s.ssd_layer) if s.kind == IMITATION else read_sequence
+    layers = default_layers(layer_count(target.model)) if s.kind == EAGLE3 else ()  # the layers an eagle3 head reads
+    if s.kind == IMITATION:
+        reader = layer_reader(s.ssd_layer)
+    else:
+        reader = eagle3_reader(layers) if s.kind == EAGLE3 else read_sequence
     store = SequenceStore(target, [Turn(by_id[a.id], a) for a in usable], reader=reader)
     batch_size = min(s.batch_size, len(store))
     if batch_size < s.batch_size:
@@ -294,6 +302,9 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
     if s.kind == IMITATION:
         return _train_imitation(target, target_name, store, config, s, held, resume, max_new, report, clock,
                                 answers_s, accelerator, log, progress, on_step)
+    if s.kind == EAGLE3:
+        return _train_eagle3(target, target_name, store, usable, layers, config, s, held, resume, max_new, report,
+                             clock, answers_s, accelerator, log, progress, on_step)
     report.update(mtp=s.mtp, loss=s.loss)
     torch.manual_seed(s.seed)
     head = DraftHead(head_config(target), s.kind, s.num_q)
@@ -398,6 +409,62 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
                                     "before": result.kept.get("before"), "after": after}
             with finished_training(s.out, config.steps):
                 save_imitation(objective.network, s.out, layer, target, target_name, extra={"training": report})
+        checkpoint_path(s.out).unlink(missing_ok=True)
+    report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
+    accelerator.wait_for_everyone()
+    return report
+
+
+def _train_eagle3(target: LoadedModel, target_name: str, store: SequenceStore, usable: Sequence[Any],
+                  layers: tuple[int, ...], config: TrainConfig, s: TrainHeadSettings, held: Sequence[Conversation],
+                  resume: dict[str, Any] | None, max_new: int, report: dict[str, Any], clock: float, answers_s: float,
+                  accelerator: Any, log: Callable[[str], None], progress: bool | None,
+                  on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
+    """An EAGLE-3 head (:mod:`.eagle3`): its draft vocabulary chosen from the answers, trained by the training-time
+    test on the same loop, checkpoints and progress as the other heads; written by ``save_eagle3``."""
+    from mmspec_cli.models.eagle3_files import save_eagle3
+
+    main = accelerator.is_main_process
+    vocab = target.vocab_size
+    size = s.draft_vocab if s.draft_vocab is not None else min(DEFAULT_DRAFT_VOCAB, vocab)
+    if size > vocab:
+        raise InputError(f"--draft-vocab {size} is larger than the target's vocabulary ({vocab} tokens); pass "
+                         f"--draft-vocab {vocab} or less")
+    kept, share = draft_vocabulary(answer_token_counts(usable), size, vocab)
+    log(f"draft vocabulary: {size} of the target's {vocab} tokens, covering {100 * share:.1f}% of the answer tokens")
+    torch.manual_seed(s.seed)
+    text = target.model.config.get_text_config()
+    head = Eagle3Head(eagle3_config(text, vocab), layers, size, text.hidden_size)
+    head.set_vocabulary(kept)
+    copy_embeddings(head, target)
+    head.to(device=target.model.get_output_embeddings().weight.device)
+    report.update(mtp=s.mtp, loss="soft cross-entropy over the draft vocabulary", layers=list(layers),
+                  draft_vocab=size, draft_vocab_share=round(share, 4))
+    identity = {"kind": EAGLE3, "target": target_name, "sequences": len(store), "answers": asdict(s.answers),
+                "layers": list(layers), "draft_vocab": size}
+    keep: dict[str, Any] = {}
+    if s.measure_before and held and resume is None and main:
+        keep["before"] = _measure(target, HeadDrafter(target, head.eval()), held, max_new, log,
+                                  "acceptance before training", "(γ = 5, greedy)")
+    objective = Eagle3Objective(head, target.model.get_output_embeddings(), s.mtp)
+    result = _train_with_progress(head, target, store, config, s.out, identity, resume, keep, accelerator, log,
+                                  progress, on_step, objective=objective)
+    report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
+    if main:
+        def write() -> None:
+            with finished_training(s.out, config.steps):
+                save_eagle3(head, s.out, target_name, dtype=torch.float16,
+                            extra={"training": report, "target_layers": layer_count(target.model),
+                                   "target_model_type": target.model.config.model_type},
+                            target_signature=signature(target.model))
+
+        write()
+        if held:
+            loaded = load_head(str(s.out), EAGLE3, None, target)
+            after = _measure(target, HeadDrafter(target, loaded), held, max_new, log, "acceptance after training")
+            report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
+                                    "before": result.kept.get("before"), "after": after}
+            write()
         checkpoint_path(s.out).unlink(missing_ok=True)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
