@@ -48,7 +48,7 @@ class ModelSet:
     target: LoadedModel
     draft: LoadedModel | None = None
     captioner: Captioner | None = None
-    heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec)
+    heads: dict[str, Any] = field(default_factory=dict)  # kind -> loaded DraftHead (eagle, vispec) or Eagle3Head (eagle3)
     imitation: Any = None  # FastVLM's imitation network for ssd.layer, when ssd.imitation names one
     threads: ThreadChoice | None = None  # the CPU thread choice made at loading; None: torch's setting left alone
     #: drafter -> the step costs ``--gamma-schedule cost`` chooses γ from (``bench/latency.run_step_costs``)

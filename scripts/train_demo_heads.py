@@ -1,5 +1,6 @@
-"""Train the shipped demo heads ``mmspec:demo-vispec`` and ``mmspec:demo-eagle`` and the imitation network
-``mmspec:demo-imitation`` (FastVLM, after layer 1, the demo profile's ``ssd.layer``) for ``mmspec:demo-target``.
+"""Train the shipped demo heads ``mmspec:demo-vispec``, ``mmspec:demo-eagle`` and ``mmspec:demo-eagle3`` and the
+imitation network ``mmspec:demo-imitation`` (FastVLM, after layer 1, the demo profile's ``ssd.layer``) for
+``mmspec:demo-target``.
 
     python scripts/train_demo_heads.py                     # writes mmspec_cli/shipped/demo-{vispec,eagle,imitation}
     python scripts/train_demo_heads.py --out /tmp/heads    # somewhere else
@@ -42,6 +43,7 @@ class HeadPlan:
     batch_size: int = 8
     lr: float = 3e-3
     mtp: int = 3
+    eagle3_ttt: int = 7  # eagle3's unroll (EAGLE-3's training-time test); same answers, steps, batch and lr
     loss: str = "ce"  # ViSpec's paper's loss: within 20 CPU minutes it beats 10·L1 + 0.1·ListMLE (README)
     noise: float = 0.2
     answer_temperature: float = 0.0
@@ -74,7 +76,7 @@ def train_one(kind: str, out: Path, work: Path, plan: HeadPlan) -> dict:
     imitation = kind == "imitation"
     settings = TrainHeadSettings(
         kind=kind, source=DEMO_TRAIN, out=out, steps=plan.imitation_steps if imitation else plan.steps, lr=plan.lr,
-        mtp=plan.mtp, limit=plan.conversations, seed=plan.seed, batch_size=plan.batch_size, loss=plan.loss,
+        mtp=plan.eagle3_ttt if kind == "eagle3" else plan.mtp, limit=plan.conversations, seed=plan.seed, batch_size=plan.batch_size, loss=plan.loss,
         noise=plan.imitation_noise if imitation else plan.noise, evaluate=held,
         ssd_layer=plan.imitation_layer if imitation else None,
         answers=AnswerSettings(temperature=plan.answer_temperature, max_new_tokens=plan.answer_tokens, suffix="",
@@ -107,7 +109,7 @@ def measure(out: Path, per_suite: int) -> None:
     from mmspec_cli.bench.sources import DEMO_SUITES, demo_suite
     from mmspec_cli.decoding.engine import SpeculativeDecoder
     from mmspec_cli.drafters.head import HeadDrafter
-    from mmspec_cli.drafters.plain import NoDrafter
+    from mmspec_cli.drafters.autoregressive import NoDrafter
     from mmspec_cli.models.head_files import load_head
     from mmspec_cli.models.loading import load_model
     from mmspec_cli.models.profiles import load_profile
@@ -123,7 +125,7 @@ def measure(out: Path, per_suite: int) -> None:
         for s in samples:
             reference[s.id] = ar.generate(list(s.images), list(s.turns), history=s.history).turns[0].token_ids
     rows = []
-    for kind in ("eagle", "vispec"):
+    for kind in ("eagle", "vispec", "eagle3"):
         head = load_head(str(out / f"demo-{kind}"), None, None, target)
         for label, tree in settings.items():
             decoder = SpeculativeDecoder(target, HeadDrafter(target, head), gamma=5,
@@ -146,7 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "mmspec_cli" / "shipped"), help="folder for demo-vispec/ and demo-eagle/")
     parser.add_argument("--work", default=str(ROOT / "build" / "demo-heads"), help="folder for the shared answers file")
-    parser.add_argument("--only", choices=("vispec", "eagle", "imitation"), help="train this one here (what each child runs)")
+    parser.add_argument("--only", choices=("vispec", "eagle", "eagle3", "imitation"), help="train this one here (what each child runs)")
     parser.add_argument("--measure", type=int, default=0, metavar="N",
                         help="after training (or alone with --no-train), τ on the first N samples of each demo suite")
     parser.add_argument("--no-train", action="store_true", help="only --measure the heads already in --out")
@@ -159,7 +161,7 @@ def main() -> None:
         return
     if not args.no_train:
         # the answers first (the imitation network's run makes them, and trains fast), then both heads side by side
-        for group in (("imitation",), ("vispec", "eagle")):
+        for group in (("imitation",), ("vispec", "eagle"), ("eagle3",)):
             children = {kind: subprocess.Popen([sys.executable, __file__, "--only", kind, "--out", str(out), "--work",
                                                 str(work)], stdout=subprocess.PIPE, text=True,
                                                env={**os.environ, "PYTHONPATH": str(ROOT)}) for kind in group}

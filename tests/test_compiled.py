@@ -235,16 +235,20 @@ def test_what_cannot_be_compiled_is_named(tiny_models):
 
 
 def test_the_feature_track_appends_into_a_preallocated_buffer(tiny_models):
+    """Rows (embeddings, features, and the position ids they were fed at: (1, n), or M-RoPE's (3, 1, n) as rows)
+    go into buffers that grow by doubling."""
     track = FeatureTrack(tiny_models["target"].model)
     rows = torch.arange(200 * 3, dtype=torch.float64).reshape(200, 3)
-    track.append_rows(rows[:5], -rows[:5])
-    buffer = track._hidden.data_ptr()
+    at = torch.arange(200)[None, None, :].expand(3, 1, 200) + torch.tensor([0, 1, 2])[:, None, None]  # M-RoPE's rows
+    track.append_rows(rows[:5], -rows[:5], at[..., :5])
+    buffer = track._rows[1].data_ptr()
     for i in range(5, 60):
-        track.append_rows(rows[i:i + 1], -rows[i:i + 1])
-    assert track._hidden.data_ptr() == buffer  # no copy while it fits
+        track.append_rows(rows[i:i + 1], -rows[i:i + 1], at[..., i:i + 1])
+    assert track._rows[1].data_ptr() == buffer  # no copy while it fits
     track.crop(40)
-    track.append_rows(rows[40:200], -rows[40:200])
+    track.append_rows(rows[40:200], -rows[40:200], at[..., 40:200])
     assert torch.equal(track.embeds, rows) and torch.equal(track.hidden, -rows) and len(track) == 200
+    assert torch.equal(track.positions, at[:, 0, :].T)  # (200, 3): one row per position
 
 
 # --------------------------------------------------------------------------- compiled (inductor)

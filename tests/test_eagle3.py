@@ -227,3 +227,35 @@ def test_each_unrolled_step_is_what_drafting_feeds(head):
             n = inputs.shape[0]
             x = head.body(inputs[None], positions[None], causal_mask(n, 0, torch.float64, "cpu"))[0][-1]
             torch.testing.assert_close(x, steps[k][p], rtol=0, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def guessing_eagle3(target) -> Eagle3Head:
+    """A random EAGLE-3 head whose draft vocabulary is the target's 4 likeliest tokens after the test prompt: its q then
+    puts all its mass on tokens the target (sampling with top-k 4) may say, yet differs from p, and is 0 at every
+    other id: a q read at the wrong ids, or drawn from over the wrong tokens, shows in the counts."""
+    prompt = process(target.processor, render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
+    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
+    with torch.no_grad():
+        logits = target.model(input_ids=torch.tensor([prompt.ids]), **vision).logits[0, -1]
+    head = random_eagle3(target, draft_vocab=4)
+    head.set_vocabulary(logits.topk(4).indices.tolist())
+    return head
+
+
+def test_sampling_keeps_the_target_distribution(tiny_models, joint):
+    """eagle3 chains of γ = 2 from :func:`guessing_eagle3`: ENGINE_RUNS runs against the target's exact distribution
+    of its first two tokens (tests/test_engine_sampling.py says how). The head's q is over its four draft tokens,
+    scattered into the target's vocabulary with zeros everywhere else, which the rule's residual must handle. It
+    checks the whole path end to end; it is too weak to see a swap of the two drafted tokens' q rows (both are over
+    the same four tokens: measured, it still passes), which the rule's own tests in test_verify.py catch."""
+    from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
+
+    target = tiny_models["target"]
+    decoder = speculative_decoder(target, HeadDrafter(target, guessing_eagle3(target)), gamma=2, max_new_tokens=3,
+                                  sampling=PARAMS)
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3

@@ -6,6 +6,7 @@ Runs on the tiny float64 models of ``conftest.py``: a few answer tokens, a few s
 from __future__ import annotations
 
 import json
+from collections import Counter
 import math
 import os
 from functools import partial
@@ -299,6 +300,37 @@ def test_the_output_loads_and_decodes_losslessly(tiny_dirs, tiny_models, files, 
             assert generation.turns[0].token_ids == reference(target, [QUESTIONS[0]], [], n_images, 16)
 
 
+def test_an_eagle3_head_trains_on_its_draft_vocabulary_and_decodes_losslessly(tiny_models, files, tmp_path):
+    """train-head eagle3: the draft vocabulary is the answers' most frequent tokens (its share reported), the head is
+    saved in mmspec's EAGLE-3 layout, loads back, and decodes as the target's own ``generate``, trees included."""
+    profile = load_profile(files["profile"])
+    out = tmp_path / "eagle3"
+    report = train_head(profile, settings(out, kind="eagle3", source=files["manifest"], steps=3, mtp=3, held_out=1,
+                                          draft_vocab=12), progress=False)
+    answers = [json.loads(line) for line in Path(str(out) + ".answers.jsonl").read_text().splitlines()[1:]]
+    counts = Counter(t for record in answers for t in record["answer_ids"])
+    assert report["draft_vocab"] == 12 and len(report["final"]["loss"]) == 3 and report["draft_vocab_share"] < 1
+    assert report["draft_vocab_share"] == pytest.approx(sum(c for _, c in counts.most_common(12)) / sum(counts.values()),
+                                                        abs=1e-4)
+    target = tiny_models["target"]
+    head = load_head(str(out), None, None, target)
+    assert head.kind == "eagle3" and int(head.t2d.sum()) == 12
+    ranked = counts.most_common()
+    threshold = ranked[11][1]  # ties at the 12th count may go either way
+    assert {t for t, c in ranked if c > threshold} <= set(head.target_ids.tolist())
+    for tree in (None, "dynamic"):
+        decoder = SpeculativeDecoder(target, HeadDrafter(target, head), gamma=3, max_new_tokens=16, tree=tree)
+        generation = decoder.generate(tiny.images(1), [QUESTIONS[0]])
+        assert generation.turns[0].token_ids == reference(target, [QUESTIONS[0]], [], 1, 16)
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_one_line(files, tmp_path):
+    result = runner.invoke(app, command(files, "eagle3", files["manifest"], "--out", str(tmp_path / "o"),
+                                        "--draft-vocab", "100000"))
+    one_line(result, "--draft-vocab 100000 is larger than the target's vocabulary")
+    assert not (tmp_path / "o" / "model.safetensors").exists()
+
+
 # --------------------------------------------------------------------------- the command and its bad inputs
 
 
@@ -370,7 +402,9 @@ def test_every_image_unreadable_is_one_line(files, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["mamba", "demo-single"], "KIND"), (["vispec", "demo-single", "--mtp", "0"], "--mtp"),
-    (["vispec", "demo-single", "--lr", "0"], "--lr"), (["vispec", "demo-single", "--loss", "mse"], "--loss")])
+    (["vispec", "demo-single", "--lr", "0"], "--lr"), (["vispec", "demo-single", "--loss", "mse"], "--loss"),
+    (["eagle", "demo-single", "--draft-vocab", "10"], "--draft-vocab is for train-head eagle3"),
+    (["eagle3", "demo-single", "--draft-vocab", "0"], "--draft-vocab")])
 def test_bad_flags_are_one_line(files, tmp_path, args, fragment):
     full = command(files, *args, "--out", str(tmp_path / "o"))
     if "--lr" in args:

@@ -74,7 +74,7 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
         if letter not in MEMBER_LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
                              f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or name a drafter of its own: ar, ssd, "
-                             f"eagle, vispec, pld, oracle")
+                             f"eagle, vispec, eagle3, pld, oracle")
         if letters.count(letter) > 1:
             raise InputError(f"drafter '{name}' repeats '{letter}'; name each member once, e.g. mt")
     return tuple(letters)
@@ -104,7 +104,7 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         return DrafterPlan(name, members, adaptive=True)
     if not name:
         raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle, "
-                         "vispec, pld or oracle")
+                         "vispec, eagle3, pld or oracle")
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 

@@ -172,6 +172,9 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
         return load_eagle3(model, target, revision)
     if looks_eagle3(folder):
         check_kind(EAGLE3, kind, drafter, shown)
+        from mmspec_cli.models.eagle3_files import load_eagle3
+
+        return load_eagle3(model, target, revision)
     info = read_info(folder, shown)
     check_fits(info, target, shown)
     weights = read_weights(folder, shown)

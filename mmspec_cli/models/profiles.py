@@ -394,7 +394,7 @@ def _heads(value: Any, path: str) -> tuple[HeadSpec, ...]:
                   for i, item in enumerate(items))
     kinds = [h.kind for h in heads]
     if len(heads) > 1 and (None in kinds or len(set(kinds)) != len(kinds)):
-        _fail(path, "one head, or a list with one head per kind, each with its kind: (eagle, vispec)", value)
+        _fail(path, "one head, or a list with one head per kind, each with its kind: (eagle, vispec, eagle3)", value)
     return heads
 
 
@@ -592,7 +592,7 @@ class Override:
 #: Every override, declared once: the CLI builds its decoding flags from this table
 #: (``cli/options.py``), so a new decoding flag is one entry here plus its profile key.
 OVERRIDES: dict[str, Override] = {
-    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, ssd, eagle, vispec, pld (prompt "
+    "drafter": Override("drafter", str, "NAME", "Drafter, e.g. m, t, mt, tabed, ssd, eagle, vispec, eagle3, pld (prompt "
                                                 "lookup, no draft model), or ar (no drafting); oracle is a benchmark "
                                                 "tool (replays ar's output)."),
     "gamma": Override("decoding.gamma", int, "N", f"Draft tokens per block (1-{MAX_GAMMA})."),

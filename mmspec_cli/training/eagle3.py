@@ -122,6 +122,7 @@ class Eagle3Objective(nn.Module):
         total = torch.zeros((), device=device, dtype=dtype)
         index = torch.arange(n, device=device)
         for k, h in enumerate(unrolled(head, seq, self.steps)):
+            total = total + 0.0 * h.sum()  # keeps the graph when nothing is scored (no answer token in the vocabulary)
             # entry p of step k predicts token p + k + 2: an answer token, known, its target argmax in the vocabulary
             scored = (index + k + 2 >= seq.prompt_len) & (index + k + 2 <= n)
             rows = torch.nonzero(scored).flatten()

@@ -320,22 +320,31 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
                                   progress, on_step)
     report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
-        def write() -> None:
-            with finished_training(s.out, config.steps):
-                save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report},
-                          target_signature=signature(target.model))
-
-        write()
-        if held:
-            loaded = load_head(str(s.out), s.kind, s.num_q, target)
-            after = _measure(target, HeadDrafter(target, loaded), held, max_new, log, "acceptance after training")
-            report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
-                                    "before": result.kept.get("before"), "after": after}
-            write()
-        checkpoint_path(s.out).unlink(missing_ok=True)
+        _write_and_measure(lambda: save_head(head, s.out, target_name, dtype=torch.float16, extra={"training": report},
+                                             target_signature=signature(target.model)),
+                           target, s, config.steps, held, max_new, report, result.kept, log)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
     return report
+
+
+def _write_and_measure(save: Callable[[], None], target: LoadedModel, s: TrainHeadSettings, steps: int,
+                       held: Sequence[Conversation], max_new: int, report: dict[str, Any], kept: dict[str, Any],
+                       log: Callable[[str], None]) -> None:
+    """Write a trained head (``save``), measure its τ on the held-out conversations loaded back from disk, write it
+    again with that in its report, and drop the checkpoint."""
+    def write() -> None:
+        with finished_training(s.out, steps):
+            save()
+
+    write()
+    if held:
+        loaded = load_head(str(s.out), s.kind, None if s.kind == EAGLE3 else s.num_q, target)
+        after = _measure(target, HeadDrafter(target, loaded), held, max_new, log, "acceptance after training")
+        report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True, "before": kept.get("before"),
+                                "after": after}
+        write()
+    checkpoint_path(s.out).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -451,21 +460,11 @@ def _train_eagle3(target: LoadedModel, target_name: str, store: SequenceStore, u
                                   progress, on_step, objective=objective)
     report.update(final=result.tail(), seconds={"answers": round(answers_s, 1), "training": round(result.seconds, 1)})
     if main:
-        def write() -> None:
-            with finished_training(s.out, config.steps):
-                save_eagle3(head, s.out, target_name, dtype=torch.float16,
-                            extra={"training": report, "target_layers": layer_count(target.model),
-                                   "target_model_type": target.model.config.model_type},
-                            target_signature=signature(target.model))
-
-        write()
-        if held:
-            loaded = load_head(str(s.out), EAGLE3, None, target)
-            after = _measure(target, HeadDrafter(target, loaded), held, max_new, log, "acceptance after training")
-            report["acceptance"] = {"held_out": len(held), "gamma": 5, "greedy": True,
-                                    "before": result.kept.get("before"), "after": after}
-            write()
-        checkpoint_path(s.out).unlink(missing_ok=True)
+        extra = {"target_layers": layer_count(target.model), "target_model_type": target.model.config.model_type}
+        _write_and_measure(lambda: save_eagle3(head, s.out, target_name, dtype=torch.float16,
+                                               extra={"training": report, **extra},
+                                               target_signature=signature(target.model)),
+                           target, s, config.steps, held, max_new, report, result.kept, log)
     report["seconds"]["total"] = round(time.perf_counter() - clock, 1)
     accelerator.wait_for_everyone()
     return report
