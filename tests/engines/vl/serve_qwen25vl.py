@@ -4,6 +4,7 @@ transformers' own greedy ``generate`` on the same image and prompt.
 Runs in mmspec's venv (transformers, torch, the repository's tests/ on the path); vLLM runs in its own venv,
 one child process per configuration, through ``--vllm-python``::
 
+    python tests/engines/vl/vl_env.py --path /work/vl-venv      # the vLLM venv, once (see vl_env.py)
     .venv/bin/python tests/engines/vl/serve_qwen25vl.py --vllm-python /work/vl-venv/bin/python \\
         [--work /tmp/qwen25vl-vllm] [--max-tokens 32] [--spec-tokens 3]
 
@@ -12,12 +13,14 @@ Steps: (1) build and save the target (text: 8 layers, hidden 256, 4 heads of 64,
 SpecForge's layout, one image and the chat prompt; (2) transformers' greedy ``generate`` (``max_new_tokens``,
 no EOS stop) with the smallest top-1/top-2 logit gap along the way; (3) ``vllm.LLM.generate`` with
 ``multi_modal_data={"image": image}``, greedy, ``ignore_eos``, without and with
-``speculative_config={"method": "eagle3", ...}``; (4) the comparison: vLLM's prompt token ids against the HF
+``speculative_config={"method": "eagle3", ...}``: the random head ("eagle3", never accepted) and a head whose draft
+vocabulary is the reference output's most frequent token ("eagle3-fixed", accepted in part); (4) the comparison: vLLM's prompt token ids against the HF
 processor's, and each output against transformers'. Writes ``result.json`` in the work folder; exits 0 when
 every output matches.
 
-The vLLM venv needs a torchvision that loads: transformers builds Qwen2.5-VL's processor only with its video
-processor, and that imports ``torchvision.transforms.v2.functional`` (see README.md beside this file).
+The vLLM venv needs a torchvision that loads: vLLM's qwen2_vl.py imports ``smart_resize`` from transformers'
+``image_processing_qwen2_vl``, which imports ``torchvision.transforms.v2.functional``, and transformers builds the
+Qwen2.5-VL processor only with its (torchvision) video processor. vl_env.py builds such a venv (README.md).
 """
 
 from __future__ import annotations
