@@ -324,6 +324,27 @@ def test_an_eagle3_head_trains_on_its_draft_vocabulary_and_decodes_losslessly(ti
         assert generation.turns[0].token_ids == reference(target, [QUESTIONS[0]], [], 1, 16)
 
 
+def test_an_eagle3_run_resumes_to_the_uninterrupted_head_and_only_with_its_draft_vocabulary(files, tmp_path):
+    profile = load_profile(files["profile"])
+    eagle3 = dict(kind="eagle3", source=files["manifest"], steps=4, mtp=2, draft_vocab=12)
+    train_head(profile, settings(tmp_path / "whole", **eagle3), progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(step: int, total: int, stats) -> None:
+        if step == 3:
+            raise Killed
+
+    out = tmp_path / "killed"
+    with pytest.raises(Killed):
+        train_head(profile, settings(out, **eagle3), progress=False, on_step=kill_at_3)
+    with pytest.raises(InputError, match=r"draft_vocab 12 \(now 10\)"):
+        train_head(profile, settings(out, **{**eagle3, "draft_vocab": 10}, resume=True), progress=False)
+    train_head(profile, settings(out, **eagle3, resume=True), progress=False)
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
+
+
 def test_a_draft_vocabulary_larger_than_the_targets_is_one_line(files, tmp_path):
     result = runner.invoke(app, command(files, "eagle3", files["manifest"], "--out", str(tmp_path / "o"),
                                         "--draft-vocab", "100000"))

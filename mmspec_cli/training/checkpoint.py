@@ -99,7 +99,8 @@ def network_of(kind: Any) -> str:
 def check_settings(state: dict[str, Any], settings: dict[str, Any], shown: str) -> None:
     """A resumed run must continue with the settings it started with, its answers' included (else it would not
     be the same run)."""
-    saved = {**state.get("settings", {}), "sequences": state.get("sequences"), "answers": state.get("answers")}
+    saved = {**state.get("settings", {}), "sequences": state.get("sequences"), "answers": state.get("answers"),
+             "draft_vocab": state.get("draft_vocab")}  # an eagle3 head's
     diff = [f"{k} {saved.get(k)!r} (now {v!r})" for k, v in settings.items() if saved.get(k) != v]
     if diff:
         raise InputError(f"--resume: {shown} was started with other settings: {', '.join(diff)}; pass the flags "

@@ -244,6 +244,7 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
             raise InputError(f"--resume: {shorten(str(s.out))} is the checkpoint of an imitation network for layer "
                              f"{resume.get('layer')}, not {s.ssd_layer}; pass --ssd-layer {resume.get('layer')} or "
                              f"pick another --out")
+    draft_vocab = _draft_vocab_size(s, target) if s.kind == EAGLE3 else None  # refused before the answers
     if on_target is not None:
         on_target(target)
     max_new = s.eval_max_new_tokens or profile.decoding.max_new_tokens
@@ -289,7 +290,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
     config = TrainConfig(steps=steps, batch_size=batch_size, lr=s.lr, passes=s.mtp, noise=s.noise, loss=s.loss,
                          warmup=s.warmup, seed=s.seed, checkpoint_every=s.checkpoint_every)
     if resume is not None:
-        check_settings(resume, {**asdict(config), "sequences": len(store), "answers": asdict(s.answers)},
+        vocabulary = {} if draft_vocab is None else {"draft_vocab": draft_vocab}
+        check_settings(resume, {**asdict(config), "sequences": len(store), "answers": asdict(s.answers), **vocabulary},
                        f"{shorten(str(s.out))}/checkpoint.pt")
 
     report: dict[str, Any] = {
@@ -303,8 +305,8 @@ def _train_head(profile: Profile, s: TrainHeadSettings, target_name: str, resume
         return _train_imitation(target, target_name, store, config, s, held, resume, max_new, report, clock,
                                 answers_s, accelerator, log, progress, on_step)
     if s.kind == EAGLE3:
-        return _train_eagle3(target, target_name, store, usable, layers, config, s, held, resume, max_new, report,
-                             clock, answers_s, accelerator, log, progress, on_step)
+        return _train_eagle3(target, target_name, store, usable, layers, draft_vocab, config, s, held, resume,
+                             max_new, report, clock, answers_s, accelerator, log, progress, on_step)
     report.update(mtp=s.mtp, loss=s.loss)
     torch.manual_seed(s.seed)
     head = DraftHead(head_config(target), s.kind, s.num_q)
@@ -424,8 +426,21 @@ def _train_imitation(target: LoadedModel, target_name: str, store: SequenceStore
     return report
 
 
+def _draft_vocab_size(s: TrainHeadSettings, target: LoadedModel) -> int:
+    """``--draft-vocab``, or 32,000 (EAGLE-3's) or the target's vocabulary if smaller; more than the target's is one
+    line."""
+    vocab = target.vocab_size
+    if s.draft_vocab is None:
+        return min(DEFAULT_DRAFT_VOCAB, vocab)
+    if s.draft_vocab > vocab:
+        raise InputError(f"--draft-vocab {s.draft_vocab} is larger than the target's vocabulary ({vocab} tokens); pass "
+                         f"--draft-vocab {vocab} or less")
+    return s.draft_vocab
+
+
 def _train_eagle3(target: LoadedModel, target_name: str, store: SequenceStore, usable: Sequence[Any],
-                  layers: tuple[int, ...], config: TrainConfig, s: TrainHeadSettings, held: Sequence[Conversation],
+                  layers: tuple[int, ...], size: int, config: TrainConfig, s: TrainHeadSettings,
+                  held: Sequence[Conversation],
                   resume: dict[str, Any] | None, max_new: int, report: dict[str, Any], clock: float, answers_s: float,
                   accelerator: Any, log: Callable[[str], None], progress: bool | None,
                   on_step: Callable[[int, int, list[dict]], None] | None) -> dict[str, Any]:
@@ -435,10 +450,6 @@ def _train_eagle3(target: LoadedModel, target_name: str, store: SequenceStore, u
 
     main = accelerator.is_main_process
     vocab = target.vocab_size
-    size = s.draft_vocab if s.draft_vocab is not None else min(DEFAULT_DRAFT_VOCAB, vocab)
-    if size > vocab:
-        raise InputError(f"--draft-vocab {size} is larger than the target's vocabulary ({vocab} tokens); pass "
-                         f"--draft-vocab {vocab} or less")
     kept, share = draft_vocabulary(answer_token_counts(usable), size, vocab)
     log(f"draft vocabulary: {size} of the target's {vocab} tokens, covering {100 * share:.1f}% of the answer tokens")
     torch.manual_seed(s.seed)
