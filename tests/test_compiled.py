@@ -40,6 +40,7 @@ from tests.helpers import (
     tiny_files,
 )
 from tests.helpers import reference
+from tests.test_eagle3 import random_eagle3
 from tests.test_heads import random_head
 
 runner = CliRunner()
@@ -49,7 +50,7 @@ TREES = {"chain": {}, "width": {"tree_width": 2}, "dynamic": {"tree": "dynamic",
 
 def run(target, drafter, draft=None, kv="dynamic", n_images=1, heads=None, **options):
     """Token ids of each of two turns; ``heads``: the head of each kind to draft with (a new random one otherwise)."""
-    if drafter in ("eagle", "vispec"):
+    if drafter in ("eagle", "vispec", "eagle3"):
         drafter = HeadDrafter(target, heads[drafter] if heads else random_head(target, drafter))
     build = {"ssd_layer": 1} if drafter == "ssd" else None
     decoder = speculative_decoder(target, drafter, draft, gamma=3, kv=kv, build=build, **options)
@@ -281,7 +282,8 @@ def compiled(tiny_dirs, tmp_path_factory):
     target = load(tiny_dirs["target"], "target")
     path = tiny.save(first_layer_copy(target.model), target.processor, tmp_path_factory.mktemp("compiled") / "draft")
     return {"target": target, "draft": load(path, "draft"),
-            "heads": {kind: random_head(target, kind) for kind in ("eagle", "vispec")}}
+            "heads": {**{kind: random_head(target, kind) for kind in ("eagle", "vispec")},
+                      "eagle3": random_eagle3(target)}}  # fuses the inputs of layers 1, 1 and 0
 
 
 #: The greedy chains of m, t, tabed, eagle and vispec, compiled, are test_a_greedy_chain_is_one_compiled_graph_...'s.
@@ -313,7 +315,7 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(compiled,
     assert counters["frames"]["ok"] - frames <= compiled_module.LOG.compiles - compiles
 
 
-@pytest.mark.parametrize("drafter", ["m", "t", "tabed", "eagle", "vispec"])
+@pytest.mark.parametrize("drafter", ["m", "t", "tabed", "eagle", "vispec", "eagle3"])
 def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(compiled, first_turn, drafter):
     """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``), a batch of member
     rows' mixed chain after its first token (``rows.mixture_chain``, ``tabed``) and a head's whole greedy chain

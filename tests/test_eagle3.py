@@ -13,7 +13,7 @@ from mmspec_cli.models.eagle3 import (Eagle3Head, default_layers, draft_vocabula
 from mmspec_cli.models.head import causal_mask
 from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.drafter import DraftShape, Kept
-from tests import tiny, tiny_qwen
+from tests import tiny
 from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, reference, speculative_decoder
 
 DYNAMIC = dict(tree="dynamic", tree_budget=12, tree_depth=3, tree_topk=3)
@@ -259,3 +259,41 @@ def test_sampling_keeps_the_target_distribution(tiny_models, joint):
     counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
     assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
     assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
+
+
+def test_each_unrolled_step_is_scored_against_the_token_it_drafts():
+    """Step k's entry at index p is scored against the target's distribution of token p + k + 2 (the target's logits
+    at p + k + 1) over the draft vocabulary, only on answer tokens whose target argmax lies in it; the steps'
+    means weighted 0.8^k: the objective against a sum written out entry by entry."""
+    from transformers import LlamaConfig
+
+    from mmspec_cli.training.eagle3 import Eagle3Objective, Eagle3Sequence, unrolled
+
+    torch.manual_seed(0)
+    vocab, hidden, n_ids, prompt_len, steps = 50, 32, 10, 4, 3
+    text = LlamaConfig(hidden_size=hidden, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=vocab)
+    head = Eagle3Head(head_config(text, vocab), (1, 2, 3), 20).double()
+    head.set_vocabulary(range(0, 40, 2))
+    lm_head = torch.nn.Linear(hidden, vocab, bias=False).double()
+    seq = Eagle3Sequence(ids=torch.randint(0, vocab, (n_ids,)).tolist(), prompt_len=prompt_len,
+                         features=torch.randn(n_ids, 3 * hidden), hidden=torch.randn(n_ids, hidden),
+                         positions=torch.arange(n_ids)[:, None])
+    loss, stats = Eagle3Objective(head, lm_head, steps)([seq])
+    expected, scored = 0.0, []
+    for k, h in enumerate(unrolled(head, seq, steps)):
+        terms = []
+        for p in range(n_ids - 1):
+            token = p + k + 2
+            if not prompt_len <= token < n_ids:
+                continue
+            logits = lm_head(seq.hidden[token - 1].double())
+            if not bool(head.t2d[logits.argmax()]):
+                continue
+            wanted = torch.softmax(logits[head.target_ids], dim=-1)
+            terms.append(-(wanted * torch.log_softmax(head.lm_head(head.norm(h[p])), dim=-1)).sum())
+        scored.append(len(terms))
+        if terms:
+            expected = expected + 0.8 ** k * torch.stack(terms).mean()
+    assert [s["positions"] for s in stats] == scored and min(scored) > 0
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)

@@ -301,7 +301,7 @@ def test_a_missing_t2d_is_rebuilt_from_d2t(qwen3):
 
 @pytest.mark.parametrize("key, value, where", [
     ("norm_before_residual", True, "top"), ("norm_before_fc", True, "top"), ("norm_before_fc", True, "eagle_config"),
-    ("fc_norm", True, "top"), ("norm_output", True, "top"), ("num_hidden_layers", 2, "top"),
+    ("fc_norm", True, "top"), ("norm_output", True, "layer"), ("num_hidden_layers", 2, "top"),
     ("attention_bias", True, "top"), ("norm_before_residual", True, "layer")])
 def test_variants_mmspec_does_not_run_are_refused_naming_the_key(qwen3, key, value, where):
     config, tensors = mmspec_config(qwen3)
@@ -463,3 +463,49 @@ def test_a_head_recording_no_target_is_exported_for_the_one_named(tmp_path, qwen
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "org/t"
     assert config["mmspec"]["target"] == "org/t"
+
+
+@pytest.mark.parametrize("layers, fragment", [((4, 2, 5), "fuses the target's layers [4, 2, 5]"),
+                                              ((2, 2, 5), "fuses the target's layers [2, 2, 5]")])
+def test_an_export_of_layers_the_engines_would_read_otherwise_is_refused(tmp_path, qwen3, layers, fragment):
+    """vLLM and SGLang capture each listed layer once, as the decoder reaches it: a head fusing layers out of order or
+    one layer twice (mmspec's default below 6 target layers) would get other features there."""
+    folder = saved(tmp_path, make_head(qwen3, layers))
+    result = cli("export-head", str(folder), "--to", "vllm", "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_for_a_target_named_checks_its_layers():
+    """With ``--target NAME`` only the target's config is read, and a layer past its last is refused all the same."""
+    fewer = TargetFacts("org/target", layers=6)
+    with pytest.raises(InputError, match="reads layer 7, and its target has 6 layers"):
+        files.check_engine_layers([2, 4, 7], fewer, "vllm", "h")
+    files.check_engine_layers([2, 4, 5], fewer, "vllm", "h")  # all there
+
+
+def test_an_engines_ids_are_read_in_the_order_it_captures_them(tmp_path, qwen3):
+    head = make_head(qwen3, CUSTOM)
+    folder = specforge_folder(tmp_path / "sf", head, {"eagle_aux_hidden_state_layer_ids": [5, 0, 2],
+                                                      "use_aux_hidden_state": True})
+    assert load_eagle3(str(folder), qwen3).layers_read == CUSTOM
+
+
+def test_specforges_norm_output_is_the_standard_final_norm_and_the_speculators_one_a_variant(tmp_path, qwen3):
+    """SpecForge writes ``norm_output: true`` for the final norm before lm_head (every EAGLE-3 head has it); in the
+    speculators format (vLLM's meaning) it feeds the normed output to the next step, which mmspec does not run."""
+    head = make_head(qwen3, CUSTOM)
+    folder = specforge_folder(tmp_path / "sf", head, {"eagle_aux_hidden_state_layer_ids": [0, 2, 5]})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "norm_output": True}))
+    assert_same_head(load_eagle3(str(folder), qwen3), head, qwen3)
+    config, tensors = mmspec_config(qwen3)
+    speculators, weights = files.speculators_layout(config, tensors, TargetFacts("org/target"))
+    with pytest.raises(ModelLoadError, match="norm_output"):
+        files.to_mmspec({**speculators, "norm_output": True}, weights, "h")
+
+
+def test_a_head_that_is_not_there_is_named_as_the_argument(tmp_path):
+    result = cli("export-head", str(tmp_path / "nothing"), "--to", "vllm", "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, "HEAD: ")
+    assert "head.model" not in result.stderr and not (tmp_path / "out").exists()

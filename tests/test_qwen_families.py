@@ -516,3 +516,32 @@ def test_a_video_file_is_refused(tmp_path):
     video.write_bytes(b"\x00\x00\x00\x18ftypmp42")
     with pytest.raises(InputError, match="video input is not supported yet"):
         load_image(video)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_eagle3_head_trains_on_the_layer_inputs_and_positions_it_drafts_from(qwen, family):
+    """``train-head eagle3``'s reader and the drafter's feature track hold the same rows for the same turn: the inputs
+    of the head's layers (on Qwen3-VL, a layer's input holds the DeepStack features added at image slots, which
+    ``output_hidden_states`` does not) and the M-RoPE positions each token was fed at."""
+    from mmspec_cli.training.answers import Answer
+    from mmspec_cli.training.corpus import Conversation
+    from mmspec_cli.training.eagle3 import eagle3_reader
+    from mmspec_cli.training.sequences import Turn
+    from tests.helpers import after_block, begin_turn
+
+    target = qwen[family]["target"]
+    images = tiny_qwen.images(1)
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    answer = reference(target, [QUESTION], [], images, max_new_tokens=6)
+    head = random_eagle3(target)
+    turn = Turn(Conversation("c", (QUESTION,), (), lambda: images), Answer("c", 0, text, answer, False))
+    trained_on = eagle3_reader(head.layers_read)(target, turn)
+    decoder = speculative_decoder(target, HeadDrafter(target, head))
+    begin_turn(decoder, text, images)
+    prompt = process(target.processor, text, images)
+    after_block(decoder, prompt, answer)  # the target holds the prompt and the answer but its last token
+    track = decoder.cached_target.features
+    held = len(track)
+    assert held == len(trained_on.ids) - 1
+    torch.testing.assert_close(trained_on.features[:held], track.hidden.float(), rtol=0, atol=1e-6)
+    assert torch.equal(trained_on.positions[:held], track.positions)

@@ -425,7 +425,8 @@ def test_every_image_unreadable_is_one_line(files, tmp_path):
     (["mamba", "demo-single"], "KIND"), (["vispec", "demo-single", "--mtp", "0"], "--mtp"),
     (["vispec", "demo-single", "--lr", "0"], "--lr"), (["vispec", "demo-single", "--loss", "mse"], "--loss"),
     (["eagle", "demo-single", "--draft-vocab", "10"], "--draft-vocab is for train-head eagle3"),
-    (["eagle3", "demo-single", "--draft-vocab", "0"], "--draft-vocab")])
+    (["eagle3", "demo-single", "--draft-vocab", "0"], "--draft-vocab"),
+    (["eagle3", "demo-single", "--loss", "ce"], "--loss is for eagle and vispec heads")])
 def test_bad_flags_are_one_line(files, tmp_path, args, fragment):
     full = command(files, *args, "--out", str(tmp_path / "o"))
     if "--lr" in args:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import EAGLE3, HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.models.parts import with_cache
@@ -201,7 +201,7 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
 def head_logits(head, lm_head):
     """What turns a head's output into logits: the target's LM head, or an EAGLE-3 head's own (over its draft
     vocabulary, scattered into the target's)."""
-    return head.logits if getattr(head, "kind", None) == "eagle3" else lm_head
+    return head.logits if getattr(head, "kind", None) == EAGLE3 else lm_head
 
 
 @torch.inference_mode()

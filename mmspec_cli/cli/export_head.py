@@ -30,9 +30,15 @@ def export_head(
 
     The target's name and LM-head signature stay in the exported config.json, so mmspec still warns when the export is loaded for another target. Layer ids are written in each engine's convention (vLLM's = mmspec's; SGLang's = mmspec's − 1, only when they differ from its default).
     """
+    from mmspec_cli.errors import ModelLoadError
     from mmspec_cli.models.eagle3_files import export_head as export
 
-    exported = export(head, to, out, target)
+    try:
+        exported = export(head, to, out, target)
+    except ModelLoadError as exc:  # the loader names the profile's key; here the head is the HEAD argument
+        message = str(exc)
+        raise ModelLoadError("HEAD: " + message[len("head.model: "):] if message.startswith("head.model: ")
+                             else message) from None
     for path in exported.files:
         typer.echo(f"wrote {path}")
     typer.echo(f"serve it with:\n  {exported.command}")

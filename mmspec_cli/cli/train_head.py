@@ -52,8 +52,9 @@ def train_head(
     held_out: Annotated[int | None, typer.Option(metavar="N", help=(
         "Keep the last N samples of SOURCE out of training and measure acceptance on them (default: a tenth, "
         "at most 10; 0: none)."))] = None,
-    loss: Annotated[str, typer.Option(metavar="vispec|ce", help=(
-        "vispec: 10·L1 + 0.1·ListMLE (ViSpec's code); ce: cross-entropy (ViSpec's paper)."))] = "vispec",
+    loss: Annotated[str | None, typer.Option(metavar="vispec|ce", help=(
+        "vispec (default): 10·L1 + 0.1·ListMLE (ViSpec's code); ce: cross-entropy (ViSpec's paper). eagle and vispec "
+        "heads only: eagle3 trains on soft cross-entropy over its draft vocabulary."))] = None,
     answer_temperature: Annotated[float, typer.Option(metavar="T", help=(
         "Temperature the target answers at (0: greedy)."))] = 1.0,
     answer_suffix: Annotated[str | None, typer.Option(metavar="TEXT", help=(
@@ -84,6 +85,10 @@ def train_head(
     if kind != EAGLE3 and draft_vocab is not None:
         raise InputError(f"--draft-vocab is for train-head eagle3; a {shorten(kind)} head drafts over the target's "
                          f"whole vocabulary")
+    if kind == EAGLE3 and loss is not None:
+        raise InputError("--loss is for eagle and vispec heads; an eagle3 head trains on soft cross-entropy over its "
+                         "draft vocabulary (EAGLE-3's): drop --loss")
+    loss = loss or "vispec"
     if loss not in TRAIN_LOSSES:
         raise InputError(f"--loss: expected one of {', '.join(TRAIN_LOSSES)}, got {shorten(loss)}")
     for flag, value in (("--epochs", epochs), ("--steps", steps), ("--limit", limit), ("--mtp", mtp),

@@ -478,8 +478,9 @@ def compiled_forward(model: Any, role: str, layers: tuple[int, ...] = ()) -> Com
     """The one compiled step of ``model``'s forward on text tokens in this process: embed, the language decoder,
     the LM head, as the model's own ``forward`` runs them without pixels. It returns the logits (B, n, V), the
     input embeddings and the features a draft head reads: the last hidden states (B, n, H), or the inputs of
-    ``layers`` concatenated (B, n, len(layers)·H; ``hidden_states[k]`` is the input of layer k). A forward hook does
-    not run inside a compiled graph. It holds the model's parts, not the model (the registry's key)."""
+    ``layers`` concatenated (B, n, len(layers)·H): ``hidden_states[k]``, which is layer k's input on text tokens, the
+    only ones a compiled step feeds (Qwen3-VL adds DeepStack features to a layer's input at image slots only). A
+    forward hook does not run inside a compiled graph. It holds the model's parts, not the model (the registry's key)."""
 
     def make() -> Callable:
         decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()

@@ -5,8 +5,8 @@ its LM head) and its input embedding (the projector output at image slots). Both
 forward hook on the target's language decoder, registered once per model: it reads the
 decoder's ``inputs_embeds`` argument and its ``last_hidden_state`` output. An EAGLE-3 head reads instead the
 residual stream at the input of a few decoder layers (``layers``), concatenated: one forward pre-hook per such
-layer reads its ``hidden_states`` argument. Nothing in transformers is patched, and a forward of the target
-computes nothing extra. Every row also keeps the position ids it was fed at ((rows, n): 1, or M-RoPE's 3), which
+layer reads its ``hidden_states`` argument. Nothing in transformers is patched; what a forward costs more is the
+copy of what the hooks read (three layers' inputs concatenated, for EAGLE-3). Every row also keeps the position ids it was fed at ((rows, n): 1, or M-RoPE's 3), which
 an EAGLE-3 head runs its entries at.
 
 :class:`FeatureTrack` keeps those rows aligned with a :class:`~mmspec_cli.decoding.kv.CachedModel`'s

@@ -49,7 +49,7 @@ class HeadDrafter(Drafter):
 
     def __init__(self, target: LoadedModel, head: DraftHead | Eagle3Head):
         self.name = head.kind
-        self.traits = DrafterTraits()  # its network is the head, and its proposals come through the target's LM head
+        self.traits = DrafterTraits()  # its network is the head: no draft model, nothing of the engine's to load
         self.target = target
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
@@ -197,7 +197,8 @@ class HeadDrafter(Drafter):
         return out
 
     def _fuse(self, tokens: Sequence[int], parents_h: torch.Tensor) -> torch.Tensor:
-        """Layer inputs (n, H) of drafted tokens, each fed with its parent's output as its feature."""
+        """Layer inputs of drafted tokens, each fed with its parent's output as its feature: (n, H), or an EAGLE-3
+        head's pairs (n, 2H)."""
         embeds = self.head.embed_tokens(torch.tensor(list(tokens), device=self.device))
         return self.head.feed_own(embeds, parents_h, None if self.glob is None else self.glob[None])
 
@@ -228,7 +229,7 @@ class HeadDrafter(Drafter):
         return self._logits(h), h
 
     def _compiled(self, first: torch.Tensor, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
-        """A greedy chain in ONE compiled graph of :func:`head_step`, or None when it can't (the head's cache not
+        """A greedy chain in ONE compiled graph of :func:`chain_step`, or None when it can't (the head's cache not
         allocated yet, or compiling failed; the chain then runs eagerly)."""
         state, lm_head = self.state, self.lm_head
         if not state.allocated:

@@ -31,9 +31,11 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from mmspec_cli.choices import EAGLE3
+from mmspec_cli.models.head_folders import plain_rope
 from mmspec_cli.models.parts import with_cache
 
-KIND = "eagle3"
+KIND = EAGLE3
 DEFAULT_DRAFT_VOCAB = 32000  # EAGLE's and SpecForge's draft_vocab_size
 
 
@@ -169,7 +171,23 @@ class Eagle3Head(nn.Module):
     @property
     def target_ids(self) -> torch.Tensor:
         """(draft_vocab,) the target id of each draft id."""
-        return torch.arange(self.draft_vocab, device=self.d2t.device) + self.d2t
+        return self._vocabulary()[0]
+
+    @property
+    def whole_vocabulary(self) -> bool:
+        """Whether the draft vocabulary is the target's whole vocabulary in order (draft id i is target id i)."""
+        return self._vocabulary()[1]
+
+    def _vocabulary(self) -> tuple[torch.Tensor, bool]:
+        """(target ids, whole vocabulary), worked out once per content of ``d2t`` (its tensor and version: loading
+        replaces it, :meth:`set_vocabulary` writes it), not at every draft step (a host sync on a GPU)."""
+        key = (id(self.d2t), self.d2t._version, self.d2t.device)
+        if getattr(self, "_vocabulary_key", None) != key:
+            with torch.inference_mode(False):  # kept: usable outside inference mode too (training, tests)
+                ids = torch.arange(self.draft_vocab, device=self.d2t.device) + self.d2t
+            self._vocabulary_cache = (ids, self.draft_vocab == self.config.vocab_size and not bool(self.d2t.any()))
+            self._vocabulary_key = key
+        return self._vocabulary_cache
 
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor, glob: torch.Tensor | None = None) -> torch.Tensor:
         """Layer inputs ``cat(e, fc(f))`` of verified tokens: ``features`` the target's layer inputs (3·H_target wide).
@@ -188,11 +206,6 @@ class Eagle3Head(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) outputs -> (..., draft_vocab) logits."""
         return self.lm_head(self.norm(hidden))
-
-    @property
-    def whole_vocabulary(self) -> bool:
-        """Whether the draft vocabulary is the target's whole vocabulary in order (draft id i is target id i)."""
-        return self.draft_vocab == self.config.vocab_size and not bool(self.d2t.any())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) outputs -> logits over the TARGET's vocabulary: the draft logits at their target ids, −∞
@@ -248,13 +261,9 @@ def head_config(text_config: Any, vocab_size: int) -> LlamaConfig:
     if isinstance(rope, dict):
         sections = rope.get("mrope_section")
         interleaved = bool(rope.get("mrope_interleaved", False))
-        plain = {k: v for k, v in rope.items() if not k.startswith("mrope")}
-        if "mrope" in (plain.get("type"), plain.get("rope_type")):
-            plain.pop("type", None)
-            plain["rope_type"] = "default"
         for key in ("rope_parameters", "rope_scaling"):
             if key in fields:
-                fields[key] = plain
+                fields[key] = plain_rope(rope)
     fields.update(num_hidden_layers=1, vocab_size=vocab_size, attention_bias=False, mlp_bias=False,
                   tie_word_embeddings=False)
     config = LlamaConfig(**fields)

@@ -34,8 +34,8 @@ Choices made:
 - What an export knows of the target (:class:`TargetFacts`: its layer count, family, architectures) comes from the
   target when it is given, else from the head's ``mmspec`` block, else from the target's ``config.json`` when it is
   on this machine (a folder, ``mmspec:NAME``, the Hugging Face cache), else from its name (a LLaVA family).
-- This module does not import :mod:`~mmspec_cli.models.head_files` (which imports it to load EAGLE-3 heads), so it
-  reads the head folder and checks finiteness itself, in the same words.
+- A head's folder, its weights and the refusal of non-finite ones are :mod:`~mmspec_cli.models.head_folders`',
+  shared with the other heads (``head_files`` imports this module to load EAGLE-3 heads, so not the reverse).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from transformers import LlamaConfig
 
 from mmspec_cli.errors import InputError, MmspecError, ModelLoadError
 from mmspec_cli.models.eagle3 import KIND, Eagle3Head, default_layers, head_config
-from mmspec_cli.models.loading import LoadedModel, folder_on_disk, hub_folder, model_location
+from mmspec_cli.models.head_folders import WEIGHT_FILES, check_finite, head_dir, read_weights, with_article
+from mmspec_cli.models.loading import LoadedModel, folder_on_disk, model_location
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import signature, warn_if_other_target
 from mmspec_cli.models.writing import WriteFailed, write_atomically
@@ -61,8 +62,7 @@ from mmspec_cli.models.writing import WriteFailed, write_atomically
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # SpecForge's and SGLang's draft class; vLLM maps it to its Eagle3 Llama
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
-WEIGHT_FILES = (WEIGHTS, "pytorch_model.bin")
+WEIGHTS = WEIGHT_FILES[0]  # what mmspec writes
 EMBEDDING = "embed_tokens.weight"  # the target's, never saved
 ENGINES = ("vllm", "sglang", "speculators")
 RETRAIN = "mmspec train-head eagle3"
@@ -191,12 +191,6 @@ def write_folder(folder: Path, config: dict[str, Any], tensors: dict[str, torch.
 # --------------------------------------------------------------------------- reading any layout
 
 
-def head_folder(model: str, revision: str | None = None) -> Path:
-    """The folder holding a head: ``mmspec:NAME`` -> shipped, a folder -> itself, a hub id -> its snapshot."""
-    folder = Path(model_location(model))
-    if folder.is_dir():
-        return folder
-    return Path(hub_folder("head", str(folder), revision, patterns=[CONFIG, *WEIGHT_FILES]))
 
 
 def read_folder(folder: Path, shown: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -210,22 +204,7 @@ def read_folder(folder: Path, shown: str) -> tuple[dict[str, Any], dict[str, tor
         raise ModelLoadError(f"head {shown}/{CONFIG} can't be read ({exc}); download or copy the head again") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"head {shown}/{CONFIG} holds no JSON object; it is not a draft head's config")
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return raw, load_file(str(path))
-            return raw, torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file: one line, whatever the reader raised
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise ModelLoadError(f"head {shown}/{name} can't be read ({type(exc).__name__}: {first}); download or "
-                                 f"copy the head again") from None
-    raise ModelLoadError(f"head {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)} beside its "
-                         f"{CONFIG}")
+    return raw, read_weights(folder, shown)
 
 
 def other_kind(raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> str | None:
@@ -245,7 +224,10 @@ def other_kind(raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> str | N
 def check_variants(top: dict[str, Any], layer: dict[str, Any], tensors: dict[str, torch.Tensor], shown: str) -> None:
     """Refuse an EAGLE-3 variant mmspec does not run (:data:`VARIANTS`), naming its key."""
     nested = top.get("eagle_config") if isinstance(top.get("eagle_config"), dict) else {}
+    speculators = "speculators_config" in top or "transformer_layer_config" in top
     for variant in VARIANTS:
+        if variant.key == "norm_output" and not speculators:
+            continue  # SpecForge's norm_output (default true) is the final norm before lm_head: standard EAGLE-3
         for where, fields in (("", top), ("", layer), ("eagle_config.", nested)):
             if variant.key in fields and variant.refused(fields[variant.key]):
                 raise ModelLoadError(f"head {shown}: {where}{variant.key}: {json.dumps(fields[variant.key])} in its "
@@ -274,12 +256,14 @@ def layer_ids(raw: dict[str, Any], shown: str) -> list[int] | None:
     meta = raw.get("mmspec") if isinstance(raw.get("mmspec"), dict) else {}
     if meta.get("layers") is not None:
         return _ids(meta["layers"], "mmspec.layers", shown)
+    # an engine's ids: vLLM and SGLang capture each listed layer once, as the decoder reaches it, so fc reads them
+    # in ascending order whatever order the list has
     if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return _ids(raw["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids", shown)
+        return sorted(set(_ids(raw["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids", shown)))
     nested = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
     if nested.get("eagle_aux_hidden_state_layer_ids") is not None:
         ids = _ids(nested["eagle_aux_hidden_state_layer_ids"], "eagle_config.eagle_aux_hidden_state_layer_ids", shown)
-        return from_sglang_ids(ids)
+        return sorted(set(from_sglang_ids(ids)))
     return None
 
 
@@ -358,12 +342,6 @@ def draft_vocabulary(tensors: dict[str, torch.Tensor], draft_vocab: int, vocab: 
 # --------------------------------------------------------------------------- checks
 
 
-def check_finite(tensors: dict[str, torch.Tensor], shown: str) -> None:
-    """Refuse weights holding NaN or infinity (a diverged training): every draft distribution would be NaN."""
-    for key, tensor in tensors.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ModelLoadError(f"head {shown}: {key} holds NaN or infinite values (its training diverged); train it "
-                                 f"again with a lower --lr (`{RETRAIN}`)")
 
 
 def expected_shapes(config: dict[str, Any], layers: int) -> dict[str, tuple[int, ...]]:
@@ -426,17 +404,17 @@ def load_eagle3(model: str, target: LoadedModel, revision: str | None = None) ->
     """Load an EAGLE-3 head (mmspec's layout, SpecForge's/SGLang's, or the speculators format) for ``target``: on
     its device and in its dtype, in eval mode, its embedding a copy of the target's input embedding."""
     shown = shorten(model)
-    raw, tensors = read_folder(head_folder(model, revision), shown)
+    raw, tensors = read_folder(head_dir(model, revision), shown)
     kind = other_kind(raw, tensors)
     if kind is not None:
-        raise ModelLoadError(f"head {shown} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} head, not an EAGLE-3 "
+        raise ModelLoadError(f"head {shown} is {with_article(kind)} head, not an EAGLE-3 "
                              f"one; set its kind: {kind} in the profile, or name an EAGLE-3 head")
     config, tensors = to_mmspec(raw, tensors, shown)
     meta = config["mmspec"]
     layers = meta.get("layers") or list(default_layers(target_layer_count(target.model.config)))
     check_fits(config, layers, target, shown)
     check_tensors(config, tensors, len(layers), shown)
-    check_finite(tensors, shown)
+    check_finite(tensors, f"head {shown}", RETRAIN)
     warn_if_other_target("head", shown, meta.get("target"), meta.get("target_signature"), target.name, target.model,
                          RETRAIN)
     embedding = target.model.get_input_embeddings().weight.detach()
@@ -643,6 +621,21 @@ class Exported:
     notes: list[str]
 
 
+def check_engine_layers(layers: Sequence[int] | None, facts: TargetFacts, to: str, shown: str) -> None:
+    """The engines capture each listed layer once, in ascending order, of the target's layers: a head that fuses
+    layers in another order or one layer twice (mmspec's default on a target of fewer than 6 layers), or a layer the
+    target lacks, would be served wrong; refused in one line."""
+    if layers is None:
+        return
+    if list(layers) != sorted(set(layers)):
+        raise InputError(f"head {shown} fuses the target's layers {list(layers)}, and {to} reads each layer once in "
+                         f"ascending order, so it would feed this head other features; export a head whose layers "
+                         f"are distinct and ascending (the default on a target of 6 layers or more)")
+    if facts.layers is not None and max(layers) >= facts.layers:
+        raise InputError(f"head {shown} reads layer {max(layers)}, and its target has {facts.layers} layers; export "
+                         f"it for the target it was trained for")
+
+
 def serve_command(to: str, out: Path, target: str | None) -> str:
     """The exact command that serves the exported head ``out`` with its ``target`` (TARGET when unknown)."""
     folder = str(out.resolve())
@@ -666,10 +659,10 @@ def export_head(head: str, to: str, out: str | Path, target: LoadedModel | str |
     out = Path(out).expanduser()
     check_out(out)
     shown = shorten(head)
-    raw, tensors = read_folder(head_folder(head), shown)
+    raw, tensors = read_folder(head_dir(head), shown)
     kind = other_kind(raw, tensors)
     if kind is not None:
-        raise InputError(f"head {shown} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} head, and only EAGLE-3 "
+        raise InputError(f"head {shown} is {with_article(kind)} head, and only EAGLE-3 "
                          f"heads are served by vLLM and SGLang (mmspec drafts with {kind} heads itself); train one "
                          f"with `{RETRAIN}`")
     config, tensors = to_mmspec(raw, tensors, shown)
@@ -677,13 +670,14 @@ def export_head(head: str, to: str, out: str | Path, target: LoadedModel | str |
     facts = target_facts(meta, target)
     layers = meta.get("layers")
     check_tensors(config, tensors, len(layers) if layers else 3, shown)
-    check_finite(tensors, shown)
+    check_finite(tensors, f"head {shown}", RETRAIN)
     if isinstance(target, LoadedModel):
         check_fits(config, layers or list(default_layers(facts.layers or 1)), target, shown)
         warn_if_other_target("head", shown, meta.get("target"), meta.get("target_signature"), target.name,
                              target.model, RETRAIN)
     elif isinstance(target, str) and meta.get("target"):
         warn_if_other_target("head", shown, meta.get("target"), None, target, None, RETRAIN)
+    check_engine_layers(layers or (list(default_layers(facts.layers)) if facts.layers else None), facts, to, shown)
     if to == "sglang":
         check_sglang_target(facts, shown)
     kept = {**meta, **({"target": facts.name} if facts.name else {}),

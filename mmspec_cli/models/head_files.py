@@ -33,12 +33,12 @@ from transformers import LlamaConfig
 from mmspec_cli.choices import EAGLE3
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
-from mmspec_cli.models.loading import LoadedModel, hub_folder, model_location
+from mmspec_cli.models.head_folders import check_finite, head_dir, plain_rope, read_weights, with_article
+from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
 from mmspec_cli.models.writing import write_atomically
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head for another target differs here
 
 
@@ -54,13 +54,6 @@ class HeadInfo:
     target_signature: dict[str, list] | list[float] | None = None
 
 
-def head_dir(model: str, revision: str | None = None) -> Path:
-    """The folder holding a head: ``mmspec:NAME`` -> shipped, a folder -> itself, a hub id -> its snapshot."""
-    location = model_location(model)
-    folder = Path(location)
-    if folder.is_dir():
-        return folder
-    return Path(hub_folder("head", location, revision, patterns=["config.json", *WEIGHT_FILES]))
 
 
 def read_info(folder: Path, shown: str) -> HeadInfo:
@@ -88,21 +81,6 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
                     meta.get("target_signature"))
 
 
-def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file: one line, whatever the reader raised
-            raise ModelLoadError(f"head.model: {shown}/{name} can't be read ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    raise ModelLoadError(f"head.model: {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)}")
 
 
 def infer_kind(weights: dict[str, torch.Tensor]) -> str:
@@ -214,36 +192,19 @@ def check_kind(found: str, kind: str | None, drafter: str | None, shown: str) ->
     """Refuse a head of kind ``found`` that is not the kind the profile gives it (``kind``) or, when it gives none,
     the kind the drafter needs (``drafter``), in one line naming which of the two asked for another kind."""
     if kind is not None and kind != found:
-        raise ModelLoadError(f"head {shown} is {_a(found)} head but the profile says kind: {kind}; "
-                             f"set its kind: {found}, or name {_a(kind)} head")
+        raise ModelLoadError(f"head {shown} is {with_article(found)} head but the profile says kind: {kind}; "
+                             f"set its kind: {found}, or name {with_article(kind)} head")
     if kind is None and drafter is not None and drafter != found:
-        raise ModelLoadError(f"the {drafter} drafter needs {_a(drafter)} head, and the profile's head {shown} (which "
-                             f"names no kind) is {_a(found)} head; draft with {found}, or add {_a(drafter)} head to "
+        raise ModelLoadError(f"the {drafter} drafter needs {with_article(drafter)} head, and the profile's head {shown} (which "
+                             f"names no kind) is {with_article(found)} head; draft with {found}, or add {with_article(drafter)} head to "
                              f"the profile (head: [{{model: {shown}, kind: {found}}}, {{model: PATH, kind: {drafter}}}]"
                              f"), trained with `mmspec train-head {drafter}`")
 
 
-def _a(kind: str) -> str:
-    """``an eagle``, ``a vispec``."""
-    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
-def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> None:
-    """Refuse weights holding NaN or infinity (a diverged training): they would make every draft distribution NaN."""
-    for key, tensor in weights.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ModelLoadError(f"{what}: {key} holds NaN or infinite values (its training diverged); train it "
-                                 f"again with a lower --lr (`{retrain}`)")
 
 
-def plain_rope(rope: dict[str, Any]) -> dict[str, Any]:
-    """Rope settings without M-RoPE: the ``mrope*`` keys dropped and an ``mrope`` type read as ``default``
-    (transformers' Qwen2-VL configs do the same; the head reads 1-D positions)."""
-    out = {k: v for k, v in rope.items() if not k.startswith("mrope")}
-    if "mrope" in (out.get("type"), out.get("rope_type")):
-        out.pop("type", None)
-        out["rope_type"] = "default"
-    return out
 
 
 def target_qkv_bias(model: torch.nn.Module) -> bool:

@@ -1,8 +1,10 @@
 """Training an EAGLE-3 head (``mmspec train-head eagle3``): its data, its draft vocabulary and its training-time test.
 
 **Data.** Per answered turn, the target runs as decoding fed it (:func:`.sequences.run_turn`); kept per position:
-the inputs of the head's target layers concatenated (``output_hidden_states[k]`` is layer k's input), the last hidden
-state after the final norm (the target's logits are ``lm_head`` of it, computed when used) and the position ids.
+the inputs of the head's target layers concatenated, read by the same forward pre-hooks inference reads them with
+(:func:`~mmspec_cli.decoding.features.tap_for`: a layer's input, which on Qwen3-VL holds the DeepStack visual features
+added at image slots, unlike ``output_hidden_states``), the last hidden state after the final norm (the target's
+logits are ``lm_head`` of it, computed when used) and the position ids.
 
 **Draft vocabulary** (EAGLE's ``traineagle3/cnets.py``, SpecForge's ``preprocessing.py``): the ``--draft-vocab`` most
 frequent tokens of the target's answers, ascending (:func:`~mmspec_cli.models.eagle3.draft_vocabulary`).
@@ -14,7 +16,9 @@ parent's output; its positions are step 0's + k. Entry (k, p) attends to step 0'
 steps 1 .. k at index p only (:func:`ttt_mask`): what the entry of the k-th drafted token after p sees at
 inference. It is supervised with the target's distribution of token p + k + 2, softmax of the target's logits
 restricted to the draft vocabulary, by soft cross-entropy, on answer tokens whose target argmax lies in the draft
-vocabulary. Step k's loss, the mean over its scored entries, is weighted 0.8^k (EAGLE's ``main.py``); the unroll is
+vocabulary. Step k's loss, the mean over its scored entries, is weighted 0.8^k (EAGLE's ``main.py``; EAGLE's code
+averages over every position, scored or not, which also weighs a step by its share of scored entries: fewer at later
+steps, whose targets run past the answer's end), and a batch's loss is the mean over its sequences; the unroll is
 ``--mtp`` steps (7 by default for eagle3, EAGLE's and SpecForge's ``ttt_length``). No feature noise is added
 (EAGLE-3's training adds none); ``--noise`` applies to eagle and vispec heads only.
 """
@@ -28,6 +32,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from mmspec_cli.decoding.features import tap_for
 from mmspec_cli.models.eagle3 import Eagle3Head
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.training.answers import Answer
@@ -59,14 +64,13 @@ def eagle3_reader(layers: Sequence[int]):
     """A reader of :class:`Eagle3Sequence` reading the inputs of ``layers`` (for :class:`~.sequences.SequenceStore`)."""
 
     def read(target: LoadedModel, turn: Turn) -> Eagle3Sequence:
+        fused, last = tap_for(target.model, tuple(layers)), tap_for(target.model)
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
         def keep(output, positions: torch.Tensor) -> None:
-            states = output.hidden_states
-            parts.append((torch.cat([states[k][0] for k in layers], dim=-1), states[-1][0],
-                          positions.reshape(-1, positions.shape[-1]).T))
+            parts.append((fused.take()[1], last.take()[1], positions.reshape(-1, positions.shape[-1]).T))
 
-        prompt = run_turn(target, turn, keep, output_hidden_states=True)
+        prompt = run_turn(target, turn, keep)
         features, hidden, positions = (torch.cat(part) for part in zip(*parts))
         return Eagle3Sequence(prompt.ids + list(turn.answer.answer_ids), len(prompt.ids), features.float().clone(),
                               hidden.float().clone(), positions.clone())

@@ -49,7 +49,7 @@ from mmspec_cli.training.answers import AnswerFile, AnswerSettings, answers_path
 from mmspec_cli.training.checkpoint import check_settings, check_start, checkpoint_path
 from mmspec_cli.training.out_folder import CHECKPOINT, check_out, clean_up, make_parents
 from mmspec_cli.training.corpus import Conversation, conversations, split_held_out
-from mmspec_cli.training.eagle3 import DEFAULT_TTT_STEPS, Eagle3Objective, answer_token_counts, eagle3_reader
+from mmspec_cli.training.eagle3 import Eagle3Objective, answer_token_counts, eagle3_reader
 from mmspec_cli.training.imitation import ImitationObjective, layer_reader
 from mmspec_cli.training.limits import check_steps
 from mmspec_cli.training.locks import lock_answers, lock_out

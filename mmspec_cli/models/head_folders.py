@@ -1,0 +1,69 @@
+"""What every draft head on disk shares, whatever its kind: where its folder is (a local folder, ``mmspec:NAME`` or a
+hub id), reading its weights (one line when they are missing or unreadable), refusing weights a diverged training
+left (NaN, infinity), and its rope settings without M-RoPE's keys. ``head_files`` (EAGLE-2, ViSpec) and
+``eagle3_files`` (EAGLE-3) read heads through these."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmspec_cli.errors import ModelLoadError
+from mmspec_cli.models.loading import hub_folder, model_location
+
+CONFIG = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def head_dir(model: str, revision: str | None = None) -> Path:
+    """The folder holding a head: ``mmspec:NAME`` -> shipped, a folder -> itself, a hub id -> its snapshot."""
+    location = model_location(model)
+    folder = Path(location)
+    if folder.is_dir():
+        return folder
+    return Path(hub_folder("head", location, revision, patterns=[CONFIG, *WEIGHT_FILES]))
+
+
+def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
+    """The tensors of ``folder``'s weights file (safetensors first)."""
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: one line, whatever the reader raised
+            raise ModelLoadError(f"head.model: {shown}/{name} can't be read ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); download or copy the head "
+                                 f"again") from None
+    raise ModelLoadError(f"head.model: {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)} beside its "
+                         f"{CONFIG}")
+
+
+def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> None:
+    """Refuse weights holding NaN or infinity (a diverged training): they would make every draft distribution NaN."""
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ModelLoadError(f"{what}: {key} holds NaN or infinite values (its training diverged); train it "
+                                 f"again with a lower --lr (`{retrain}`)")
+
+
+def with_article(kind: str) -> str:
+    """``an eagle``, ``a vispec``, ``an eagle3``."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
+def plain_rope(rope: dict[str, Any]) -> dict[str, Any]:
+    """Rope settings without M-RoPE: the ``mrope*`` keys dropped and an ``mrope`` type read as ``default``
+    (transformers' Qwen2-VL configs do the same)."""
+    out = {k: v for k, v in rope.items() if not k.startswith("mrope")}
+    if "mrope" in (out.get("type"), out.get("rope_type")):
+        out.pop("type", None)
+        out["rope_type"] = "default"
+    return out
