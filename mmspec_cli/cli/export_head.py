@@ -1,6 +1,6 @@
 """``mmspec export-head``: write an EAGLE-3 head for vLLM, SGLang or the speculators format, and say how to serve it.
 
-Everything happens in :func:`mmspec_cli.models.eagle3_files.export_head` (pure layouts, checks, refusals, one atomic
+Everything happens in :func:`mmspec_cli.models.eagle3_exports.export_head` (pure layouts, checks, refusals, one atomic
 write); this module reads the flags and prints the files written and the command that serves them. ``--to`` is
 checked there first, before anything is read; ``--target`` names the target of a head that records none (only its
 ``config.json`` is read, when it is on this machine), so no model loads.
@@ -31,7 +31,7 @@ def export_head(
     The target's name and LM-head signature stay in the exported config.json, so mmspec still warns when the export is loaded for another target. Layer ids are written in each engine's convention (vLLM's = mmspec's; SGLang's = mmspec's − 1, only when they differ from its default).
     """
     from mmspec_cli.errors import ModelLoadError
-    from mmspec_cli.models.eagle3_files import export_head as export
+    from mmspec_cli.models.eagle3_exports import export_head as export
 
     try:
         exported = export(head, to, out, target)
