@@ -46,7 +46,7 @@ DRAFTERS = "ar,m,t"
 RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
                "acceptance_rate", "wall_s", "tokens_per_s", "drafted", "accepted", "prompt_tokens", "gamma",
                "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed", "ensemble",
-               "threads"}
+               "threads", "accepted_per_block"}
 SAMPLES = [
     {"id": "s0", "images": ["img0.png"], "turns": ["what is in the image?", "and then?"], "category": "llava-w"},
     {"id": "s1", "images": ["img1.png", "img0.png"], "turns": ["what changed between the two images?", "why?"],
@@ -116,6 +116,7 @@ def test_one_record_per_sample_turn_drafter_with_the_schema(run):
         assert r["category"] == {"s0": "llava-w", "s1": "spot"}[r["id"]]
         assert len(r["token_ids"]) == r["new_tokens"] and 0 < r["new_tokens"] <= MAX_NEW
         assert r["block_efficiency"] == pytest.approx(r["new_tokens"] / r["blocks"])
+        assert len(r["accepted_per_block"]) == r["blocks"] and sum(r["accepted_per_block"]) == r["accepted"]
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
         assert (r["gamma"], r["temperature"], r["max_new_tokens"], r["prompt_style"]) == (3, 0.0, MAX_NEW, "default")
         assert r["prompt_tokens"] > 0

@@ -80,10 +80,15 @@ def turn_record(sample: Sample, turn: int, drafter: str, token_ids: Sequence[int
     return record
 
 
+#: A record's accepted draft tokens of each verification round (block) of its turn, in order.
+ROUNDS = "accepted_per_block"
+
+
 def engine_record(sample: Sample, turn: int, drafter: str, result: "TurnResult", prompt_tokens: int | None,
                   settings: dict[str, Any], members: Sequence[str] = ()) -> Record:
     record = turn_record(sample, turn, drafter, result.token_ids, result.text, result.stats, prompt_tokens, settings,
                          members, [b.weights for b in result.blocks] if members else None)
+    record[ROUNDS] = [block.accepted for block in result.blocks]  # what MMSpec's results files call acceptance_length
     if result.caption_s:
         record["caption_s"] = result.caption_s  # captioning time, not in wall_s
     return record

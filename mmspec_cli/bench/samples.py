@@ -16,6 +16,10 @@ under ``--prompt-style paper``. Other keys (reference answers, ...) are ignored.
 skipped. Every image file the samples of a run name, in any turn, must exist when the run starts
 (:func:`check_image_files`: a typo costs no model load and leaves no error records); image files are
 opened only when their sample runs, so a corrupt image fails that sample alone.
+
+A folder in MMSpec's layout (``mmspec.jsonl`` beside ``images/``, :func:`read_mmspec_folder`) is read alike: one
+record per line, ``{"id", "image", "turns", "topic", "category"?}``, ``topic`` taken as the category; ``image`` is a
+file in ``images/`` (``x.jpg``, as MMSpec's own loader joins it) or a path from the folder (``images/x.jpg``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class Sample:
     prompt_key: str | None = None
     history: tuple[tuple[str, str], ...] = ()
     turn_images: tuple[tuple[int, tuple[Any, ...]], ...] = ()  # (turn index, the images that turn brings)
+    #: fields of the source kept to write results in its own layout (an MMSpec record's ``question_id`` as given,
+    #: and its ``category``, ``topic`` being the sample's category); empty for the other sources
+    source: tuple[tuple[str, Any], ...] = ()
 
     def brought(self, turns: int) -> dict[int, tuple[Any, ...]]:
         """The images each of the first ``turns`` turns brings: {turn index: images}."""
@@ -106,24 +113,30 @@ def check_image_files(samples: Sequence[Sample], where: str) -> None:
 
 def read_manifest(path: Path) -> list[Sample]:
     """Parse a JSONL manifest; any bad line is a one-line InputError naming its line number."""
+    return _read_records(path, f"manifest {path}", lambda line, number: _parse_line(line, path, number),
+                         '{"id": "1", "images": ["a.png"], "turns": ["Describe it."], "category": "demo"}')
+
+
+def _read_records(path: Path, shown: str, parse, example: str) -> list[Sample]:
+    """The samples of a JSONL file, one per non-empty line (``parse(line, number)``); an unreadable file, an id
+    given twice or no record at all is one line."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"manifest {path} could not be read ({type(exc).__name__}); pass a readable UTF-8 JSONL file") from exc
+        raise InputError(f"{shown} could not be read ({type(exc).__name__}); pass a readable UTF-8 JSONL file") from exc
     samples: list[Sample] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        sample = _parse_line(line, path, number)
+        sample = parse(line, number)
         if sample.id in seen:
-            raise InputError(f"manifest {path} line {number}: id '{sample.id}' repeats line {seen[sample.id]}; "
+            raise InputError(f"{shown} line {number}: id '{shorten(sample.id, 40)}' repeats line {seen[sample.id]}; "
                              f"give every sample its own id")
         seen[sample.id] = number
         samples.append(sample)
     if not samples:
-        raise InputError(f"manifest {path} has no samples; write one JSON object per line "
-                         f'(e.g. {{"id": "1", "images": ["a.png"], "turns": ["Describe it."], "category": "demo"}})')
+        raise InputError(f"{shown} has no samples; write one JSON object per line (e.g. {example})")
     return samples
 
 
@@ -180,6 +193,72 @@ def _parse_turn(turn: Any, where: str, index: int) -> tuple[str, list[str]]:
             return turn["question"], list(extra)
     raise InputError(f"{where}: turn {index + 1} must be a question or {{\"question\": ..., \"images\": [paths]}}, "
                      f"got {json.dumps(turn)[:80]}")
+
+
+# --------------------------------------------------------------------------- MMSpec's layout
+
+MMSPEC_FILE = "mmspec.jsonl"
+MMSPEC_IMAGES = "images"
+MMSPEC_REQUIRED = ("id", "image", "turns", "topic")  # ``category`` (MMSpec's source dataset) is kept when given
+
+
+def read_mmspec_folder(folder: Path) -> list[Sample]:
+    """The samples of a folder in MMSpec's layout: ``mmspec.jsonl`` beside ``images/``, ``topic`` as the category,
+    the one image in the first turn. Anything wrong is one line naming the record (its line and id) and the fix."""
+    path = folder / MMSPEC_FILE
+    if not path.is_file():
+        raise InputError(f"SOURCE {shorten(str(folder))} is a folder without {MMSPEC_FILE}, so not in MMSpec's layout "
+                         f"({MMSPEC_FILE} beside {MMSPEC_IMAGES}/); pass such a folder, or a JSONL manifest file")
+    return _read_records(path, str(path), lambda line, number: _mmspec_record(line, folder, path, number),
+                         '{"id": "1", "image": "a.jpg", "turns": ["Describe it."], "topic": "general vqa"}')
+
+
+def _mmspec_record(line: str, folder: Path, path: Path, number: int) -> Sample:
+    where = f"{path} line {number}"
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                         f"each line must be one JSON object") from exc
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where}: expected a JSON object with keys {', '.join(MMSPEC_REQUIRED)}, "
+                         f"got {type(data).__name__}")
+    record_id = data.get("id")
+    if "id" in data and (isinstance(record_id, bool) or not isinstance(record_id, (str, int))
+                         or not str(record_id).strip()):
+        raise InputError(f"{where}: 'id' must be a non-empty string or an integer, got {json.dumps(record_id)[:40]}")
+    if "id" in data:
+        where = f"{where} (record '{shorten(str(record_id), 40)}')"
+    missing = [key for key in MMSPEC_REQUIRED if key not in data]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(repr(k) for k in missing)}; each MMSpec record needs "
+                         f"{', '.join(MMSPEC_REQUIRED)}")
+    image, turns, topic, category = data["image"], data["turns"], data["topic"], data.get("category", data["topic"])
+    if not isinstance(topic, str) or not topic.strip():
+        raise InputError(f"{where}: 'topic' must be a non-empty string, got {json.dumps(topic)[:40]}")
+    if not isinstance(category, str) or not category.strip():
+        raise InputError(f"{where}: 'category' must be a non-empty string, got {json.dumps(category)[:40]}")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise InputError(f"{where}: 'turns' must be a non-empty list of questions, got {json.dumps(turns)[:80]}")
+    if not isinstance(image, str) or not image.strip():
+        raise InputError(f"{where}: 'image' must be a file name in {MMSPEC_IMAGES}/, got {json.dumps(image)[:80]}")
+    return Sample(id=str(record_id), category=topic, turns=tuple(turns), images=(_mmspec_image(image, folder, where),),
+                  prompt_key=None, source=(("question_id", record_id), ("category", category)))
+
+
+def _mmspec_image(image: str, folder: Path, where: str) -> Path:
+    """An MMSpec record's image: ``images/<image>`` (MMSpec's own loader's join), else ``<image>`` from the folder
+    (``images/x.jpg``); absolute paths as they are. A file in neither place is refused naming both."""
+    name = os.path.expanduser(image)
+    places = [Path(name)] if os.path.isabs(name) else [folder / MMSPEC_IMAGES / name, folder / name]
+    for place in places:
+        if os.path.lexists(place):  # a broken link or unreadable file is found here, and load_image says why later
+            return place
+    if len(places) == 1:
+        raise InputError(f"{where}: image '{shorten(image, 60)}' does not exist; correct the record's 'image'")
+    looked = " nor ".join(shorten(str(p), 60) for p in places)
+    raise InputError(f"{where}: image '{shorten(image, 60)}' is missing (neither {looked} exists); put the file in "
+                     f"{shorten(str(folder / MMSPEC_IMAGES), 60)}/ or correct the record's 'image'")
 
 
 # --------------------------------------------------------------------------- selection

@@ -1,7 +1,9 @@
-"""SOURCE -> samples: a JSONL manifest path, a built-in suite name, or a Hugging Face dataset id.
+"""SOURCE -> samples: a JSONL manifest path, a folder in MMSpec's layout, a built-in suite name, or a Hugging Face
+dataset id.
 
-Resolution order: an existing file is a manifest; a name in :data:`SUITES` is a suite; a
-known dataset id (``owner/name[:subset]``, see :mod:`.hub`) is loaded with ``datasets``.
+Resolution order: an existing file is a manifest; an existing folder is MMSpec's layout (``mmspec.jsonl`` beside
+``images/``, :func:`~.samples.read_mmspec_folder`; a folder without ``mmspec.jsonl`` is refused); a name in
+:data:`SUITES` is a suite; a known dataset id (``owner/name[:subset]``, see :mod:`.hub`) is loaded with ``datasets``.
 Anything else is refused with one line listing what would have been accepted.
 """
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from mmspec_cli.errors import InputError
 from mmspec_cli.bench import hub
-from mmspec_cli.bench.samples import Sample, read_manifest
+from mmspec_cli.bench.samples import Sample, read_manifest, read_mmspec_folder
 from mmspec_cli.models.images import is_image_file
 from mmspec_cli.models.prompts import shorten
 
@@ -56,7 +58,7 @@ def resolve(source: str, limit: int | None = None, other_suites: Sequence[str] =
     if path.is_file():
         return read_manifest(path)[:limit]
     if path.is_dir():
-        raise InputError(f"SOURCE {source} is a directory; pass a JSONL manifest file")
+        return read_mmspec_folder(path)[:limit]
     if source in SUITES:
         return SUITES[source](limit)
     if hub.is_known(source):

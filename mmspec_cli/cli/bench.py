@@ -33,7 +33,8 @@ EXIT_FAILED = 1
 def bench(
     ctx: typer.Context,
     source: Annotated[str | None, typer.Argument(metavar="SOURCE", show_default=False, help=(
-        "A JSONL manifest, a built-in suite name, or a Hugging Face dataset id (owner/name[:subset]).")) ] = None,
+        "A JSONL manifest, a folder in MMSpec's layout (mmspec.jsonl beside images/), a built-in suite name, or a "
+        "Hugging Face dataset id (owner/name[:subset]).")) ] = None,
     drafters: Annotated[str, typer.Option(metavar="LIST", help=(
         "Comma list of drafters, e.g. ar,m,t,tabed,pld; hf-assisted runs Hugging Face assisted generation; "
         "oracle (a benchmark tool, after ar) replays ar's output to measure the engine's own overhead."))] = "ar,m,t,tabed",
@@ -41,9 +42,15 @@ def bench(
     limit: Annotated[int | None, typer.Option(metavar="N", help="Use the first N samples (before sharding); demo-all: N of each suite.")] = None,
     turns: Annotated[int | None, typer.Option(metavar="N", help="Run at most N turns of each sample.")] = None,
     out: Annotated[str | None, typer.Option(metavar="FILE", help=(
-        "Append one JSON line per (sample, turn, drafter) here; {rank} becomes the shard index."))] = None,
+        "Append one JSON line per (sample, turn, drafter) here; {rank} becomes the shard index. With --format mmspec, "
+        "a folder: MMSpec's results files, and the records in its bench.jsonl."))] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue --out, skipping the turns it already holds.")] = False,
-    fmt: Annotated[str, typer.Option("--format", metavar="table|json|csv", help="How to print the summary.")] = "table",
+    fmt: Annotated[str, typer.Option("--format", metavar="table|json|csv|mmspec", help=(
+        "How to print the summary; mmspec also writes <drafter>-temperature-<t>.jsonl per drafter into --out DIR, "
+        "in MMSpec's results layout (ar is its baseline)."))] = "table",
+    protocol: Annotated[str | None, typer.Option(metavar="mmspec", help=(
+        "mmspec: MMSpec's protocol: temperature 0, 1024 new tokens, images in the first turn only, a Qwen-VL "
+        "model's images bounded to 256*28*28..1280*28*28 pixels (decoding flags given still win)."))] = None,
     shard: Annotated[str | None, typer.Option(metavar="i/n|auto", help=(
         "Run every n-th sample from i; auto reads RANK/WORLD_SIZE (torchrun, accelerate launch)."))] = None,
     prompt_style: Annotated[str, typer.Option(metavar="default|paper", help=(
@@ -63,10 +70,15 @@ def bench(
 
     At temperature 0 every drafter's token ids are checked against ar's. Exit 1 if a sample failed or a check did.
     """
+    from mmspec_cli.bench import mmspec_results
     from mmspec_cli.bench.report import FORMATS
 
-    if fmt not in FORMATS:
-        raise InputError(f"--format: expected one of {', '.join(FORMATS)}, got '{fmt}'")
+    if fmt not in (*FORMATS, mmspec_results.FORMAT):
+        raise InputError(f"--format: expected one of {', '.join((*FORMATS, mmspec_results.FORMAT))}, got '{fmt}'")
+    mmspec_results.check_protocol(protocol)
+    if summarize and fmt == mmspec_results.FORMAT:
+        raise InputError("--format mmspec writes a run's results into --out DIR, and --summarize runs nothing; "
+                         "pass SOURCE to run, or another --format")
     if summarize:
         if source is not None:
             raise InputError("pass either SOURCE (to run) or --summarize FILE (to summarise results), not both")
@@ -79,13 +91,19 @@ def bench(
         raise InputError(f"--prompt-style: expected one of {', '.join(PROMPT_STYLES)}, got '{prompt_style}'")
     if resume and out is None:
         raise InputError("--resume continues an --out file; pass --out FILE")
+    if fmt == mmspec_results.FORMAT and out is None:
+        raise InputError("--format mmspec writes MMSpec's results files into a folder; pass --out DIR")
+    if protocol and prompt_style == "paper":
+        raise InputError("--protocol mmspec prompts through the chat template, as MMSpec does, and --prompt-style "
+                         "paper through TABED's prompts; drop one of them")
     for flag, value in (("--limit", limit), ("--turns", turns)):
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
     from mmspec_cli.bench.samples import parse_shard
 
     shard_ = parse_shard(shard)
-    chosen = apply_overrides(load_profile(profile), **overrides)
+    loaded = load_profile(profile)
+    chosen = apply_overrides(mmspec_results.apply_protocol(loaded) if protocol else loaded, **overrides)
     check_profile_fits(names, chosen)
     if prompt_style == "paper":
         from mmspec_cli.bench.prompts import check_paper_target
@@ -99,8 +117,8 @@ def bench(
         raise InputError(f"--out {out}: shards run as separate processes must not share a file; put {{rank}} in "
                          f"the name, e.g. --out results.{{rank}}.jsonl, and merge them with --summarize")
     out_path = out.replace("{rank}", str(shard_[0] if shard_ else 0)) if out else None
-    raise typer.Exit(_run(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup,
-                          profile or DEFAULT_PROFILE, command_line(ctx), threads))
+    raise typer.Exit(_start(source, names, chosen, limit, turns, out_path, resume, fmt, shard_, prompt_style, warmup,
+                          profile or DEFAULT_PROFILE, command_line(ctx), threads, protocol))
 
 
 # --------------------------------------------------------------------------- checks before loading
@@ -164,9 +182,30 @@ def pin_local_device(profile: Profile, env) -> Profile:
 # --------------------------------------------------------------------------- running
 
 
+def _start(source: str, names: list[str], profile: Profile, limit: int | None, turns: int | None, out: str | None,
+           resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool, label: str,
+           again: str, threads: int | None = None, protocol: str | None = None) -> int:
+    """``--format mmspec`` checks and makes its --out folder first; then the run (:func:`_run`)."""
+    from mmspec_cli.bench import mmspec_results
+
+    folder = None
+    if fmt == mmspec_results.FORMAT:  # --out names a folder: the records go to its bench.jsonl, under the same rules
+        folder, made = mmspec_results.prepare_folder(out, names, profile.decoding.temperature, resume)
+        out = str(folder / mmspec_results.RECORDS_NAME)
+        try:
+            return _run(source, names, profile, limit, turns, out, resume, "table", shard, prompt_style, warmup, label,
+                        again, threads, protocol, folder)
+        finally:
+            if made:
+                mmspec_results.remove_if_empty(folder)
+    return _run(source, names, profile, limit, turns, out, resume, fmt, shard, prompt_style, warmup, label, again,
+                threads, protocol)
+
+
 def _run(source: str, names: list[str], profile: Profile, limit: int | None, turns: int | None, out: str | None,
          resume: bool, fmt: str, shard: tuple[int, int] | None, prompt_style: str, warmup: bool, label: str,
-         again: str, threads: int | None = None) -> int:
+         again: str, threads: int | None = None, protocol: str | None = None, folder=None) -> int:
+    """A run; ``folder``: where MMSpec's results files go (``--format mmspec``), the records being in ``out``."""
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
@@ -205,6 +244,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
             # samples still to run (a finished one's images may be gone by a --resume)
             to_run = [sample for sample in samples if any((sample.id, name) in pending for name in names)]
             check_image_files(to_run, f"SOURCE {source}")
+            if protocol:
+                from mmspec_cli.bench.mmspec_results import check_samples
+
+                check_samples(to_run)
             if not samples:
                 typer.echo(f"no samples in shard {shard[0]}/{shard[1]}" if shard else "no samples", err=True)
             if pending:
@@ -213,6 +256,10 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                 from mmspec_cli.models.threads import apply_threads
 
                 models = _load(profile, names)
+                if protocol:
+                    from mmspec_cli.bench.mmspec_results import bound_pixels
+
+                    bound_pixels(models)
                 if prompt_style == "paper":  # a hub target whose config was not on disk before it loaded
                     from mmspec_cli.bench.prompts import check_paper_target
 
@@ -227,6 +274,12 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
                     BenchRunner(models, settings, results, progress).run(samples, warmup=warmup)
                 report_compiling()
             records = list(results.records)
+            if folder is not None:
+                from mmspec_cli.bench.mmspec_results import write_results
+
+                written = write_results(folder, names, decoding.temperature, samples, records,
+                                        {s.id: settings.turns(s) for s in samples})
+                typer.echo(f"MMSpec results: {', '.join(str(p) for p in written)}", err=True)
     except KeyboardInterrupt:
         typer.echo(interrupted_line(results, again), err=True)
         raise  # cli/errors.py: exit 130
