@@ -93,6 +93,7 @@ def test_builtin_profiles_parse(name):
 @pytest.mark.parametrize("name,target,draft,dtype", [
     ("qwen25-vl-7b", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct", "bfloat16"),
     ("qwen2-vl-7b", "Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct", "bfloat16"),
+    ("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", "bfloat16"),
     ("llava-onevision-7b", "llava-hf/llava-onevision-qwen2-7b-ov-hf", "mjbooo/lvlm68m-ov", "float16"),
 ])
 def test_the_qwen_and_onevision_profiles_parse(name, target, draft, dtype):
