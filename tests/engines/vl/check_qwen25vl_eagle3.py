@@ -2,9 +2,9 @@
 
 Runs in mmspec's venv; vLLM runs in the venv of vl_env.py (one child process per configuration)::
 
-    python tests/engines/vl/vl_env.py --path /work/vl-venv          # once (README.md)
+    python tests/engines/vl/vl_env.py           # once (README.md)
     .venv/bin/python tests/engines/vl/check_qwen25vl_eagle3.py [--work /tmp/qwen25vl-eagle3] \\
-        [--vllm-python /work/vl-venv/bin/python] [--heads full v128] [--steps 300] [--samples 200] [--held-out 10]
+        [--vllm-python .venv-vllm-vl/bin/python] [--heads full v128] [--steps 300] [--samples 200] [--held-out 10]
 
 Idempotent: every step whose output is already in ``--work`` is skipped (``--redo vllm`` etc. reruns one). Times
 on a 2-core CPU shared with another job: a cold run 7 to 9 minutes (each head trains in about 2.7 minutes, each
@@ -641,7 +641,7 @@ def train_head(work: Path, name: str, manifest: Path, profile: Path, args) -> di
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/qwen25vl-eagle3"))
-    p.add_argument("--vllm-python", default="/work/vl-venv/bin/python")
+    p.add_argument("--vllm-python", default=str(Path(__file__).resolve().parents[3] / ".venv-vllm-vl" / "bin" / "python"))
     p.add_argument("--heads", nargs="+", default=["full", "v128"], choices=list(HEADS))
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--held-out", type=int, default=10)

@@ -4,8 +4,8 @@ transformers' own greedy ``generate`` on the same image and prompt.
 Runs in mmspec's venv (transformers, torch, the repository's tests/ on the path); vLLM runs in its own venv,
 one child process per configuration, through ``--vllm-python``::
 
-    python tests/engines/vl/vl_env.py --path /work/vl-venv      # the vLLM venv, once (see vl_env.py)
-    .venv/bin/python tests/engines/vl/serve_qwen25vl.py --vllm-python /work/vl-venv/bin/python \\
+    python tests/engines/vl/vl_env.py       # the vLLM venv, once (see vl_env.py)
+    .venv/bin/python tests/engines/vl/serve_qwen25vl.py --vllm-python .venv-vllm-vl/bin/python \\
         [--work /tmp/qwen25vl-vllm] [--max-tokens 32] [--spec-tokens 3]
 
 Steps: (1) build and save the target (text: 8 layers, hidden 256, 4 heads of 64, 2 KV heads, M-RoPE sections
@@ -195,7 +195,7 @@ def run_vllm(vllm_python: str, built: dict, config: str, args, work: Path) -> di
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--vllm-python", default="/work/vl-venv/bin/python")
+    p.add_argument("--vllm-python", default=str(Path(__file__).resolve().parents[3] / ".venv-vllm-vl" / "bin" / "python"))
     p.add_argument("--work", type=Path, default=Path("/tmp/qwen25vl-vllm"))
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--spec-tokens", type=int, default=3)

