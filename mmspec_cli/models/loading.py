@@ -139,19 +139,31 @@ def check_device(device: str, role: str) -> None:
                          f"set {role}.device to one of them, or to auto")
 
 
+#: LLM.int8's outlier threshold for a target: 0, no outlier columns. bitsandbytes picks its outlier columns from every
+#: row a call multiplies (``int8_vectorwise_quant``: the union over the rows, computed in floating point for all of
+#: them), so a token verified beside others rounds differently from the same token run alone by ``generate``, and a
+#: draft could change the target's output (measured with bitsandbytes 0.50.2 on the CPU: tests/test_quantization.py).
+#: Without outlier columns every row is quantized on its own. A draft keeps bitsandbytes' default (6.0): its rounding
+#: changes what it proposes, never what the target emits.
+TARGET_INT8_THRESHOLD = 0.0
+
+
 def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
     if kind is None:
         return None
     try:
-        import bitsandbytes  # noqa: F401  (imported lazily: it may fail on CPU-only machines)
-    except Exception as exc:  # ImportError, or a CUDA setup error raised at import
+        import bitsandbytes  # noqa: F401  (imported lazily: it may fail on some machines)
+    except Exception as exc:  # ImportError, or a setup error raised at import
         raise ModelLoadError(
             f"{role}.quantization: {kind} needs bitsandbytes, which could not be imported ({type(exc).__name__}); "
-            f"install it with `pip install 'mmspec[quant]'` on a CUDA machine, or set {role}.quantization: null"
+            f"install it with `pip install 'mmspec[quant]'` (it runs on CUDA and on the CPU), or set "
+            f"{role}.quantization: null"
         ) from exc
     from transformers import BitsAndBytesConfig
 
     if kind == "8bit":
+        if role == "target":
+            return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=TARGET_INT8_THRESHOLD)
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
 
