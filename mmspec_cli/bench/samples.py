@@ -140,15 +140,21 @@ def _read_records(path: Path, shown: str, parse, example: str) -> list[Sample]:
     return samples
 
 
-def _parse_line(line: str, path: Path, number: int) -> Sample:
-    where = f"manifest {path} line {number}"
+def _json_object(line: str, where: str, keys: Sequence[str]) -> Mapping[str, Any]:
+    """One JSONL line's object; not JSON, or not an object, is one line naming ``where`` and the ``keys`` it needs."""
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                          f"each line must be one JSON object") from exc
     if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected a JSON object with keys {', '.join(REQUIRED)}, got {type(data).__name__}")
+        raise InputError(f"{where}: expected a JSON object with keys {', '.join(keys)}, got {type(data).__name__}")
+    return data
+
+
+def _parse_line(line: str, path: Path, number: int) -> Sample:
+    where = f"manifest {path} line {number}"
+    data = _json_object(line, where, REQUIRED)
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise InputError(f"{where}: missing {', '.join(repr(k) for k in missing)}; each line needs {', '.join(REQUIRED)}")
@@ -215,14 +221,7 @@ def read_mmspec_folder(folder: Path) -> list[Sample]:
 
 def _mmspec_record(line: str, folder: Path, path: Path, number: int) -> Sample:
     where = f"{path} line {number}"
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                         f"each line must be one JSON object") from exc
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected a JSON object with keys {', '.join(MMSPEC_REQUIRED)}, "
-                         f"got {type(data).__name__}")
+    data = _json_object(line, where, MMSPEC_REQUIRED)
     record_id = data.get("id")
     if "id" in data and (isinstance(record_id, bool) or not isinstance(record_id, (str, int))
                          or not str(record_id).strip()):
