@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.choices import EAGLE3, HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.models.parts import with_cache
@@ -196,12 +196,6 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
                           position_ids=positions),
         reset=lambda: state.rollback(seq),
     )
-
-
-def head_logits(head, lm_head):
-    """What turns a head's output into logits: the target's LM head, or an EAGLE-3 head's own (over its draft
-    vocabulary, scattered into the target's)."""
-    return head.logits if getattr(head, "kind", None) == EAGLE3 else lm_head
 
 
 @torch.inference_mode()
@@ -360,6 +354,8 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     target_ms = {f"{s},{g}": step(target, 1, s, g, "target") for s in seqs for g in gammas}
     draft_ms = {f"{b},{s}": step(draft, b, s, 1, "draft") for b in batches for s in seqs} if draft else {}
     lm_head = target.get_output_embeddings()
+    from mmspec_cli.drafters.head import head_logits
+
     head_ms = {kind: {str(s): head_step(head, head_logits(head, lm_head), s, timer) for s in seqs}
                for kind, head in (heads or {}).items()}
     ssd_ms, ssd_setting = {}, None

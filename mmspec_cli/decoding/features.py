@@ -5,9 +5,9 @@ its LM head) and its input embedding (the projector output at image slots). Both
 forward hook on the target's language decoder, registered once per model: it reads the
 decoder's ``inputs_embeds`` argument and its ``last_hidden_state`` output. An EAGLE-3 head reads instead the
 residual stream at the input of a few decoder layers (``layers``), concatenated: one forward pre-hook per such
-layer reads its ``hidden_states`` argument. Nothing in transformers is patched; what a forward costs more is the
-copy of what the hooks read (three layers' inputs concatenated, for EAGLE-3). Every row also keeps the position ids it was fed at ((rows, n): 1, or M-RoPE's 3), which
-an EAGLE-3 head runs its entries at.
+layer reads its ``hidden_states`` argument. Nothing in transformers is patched, and a forward of the target
+computes nothing extra: the hooks keep references, read when a head takes them. Every row also keeps the position
+ids it was fed at ((rows, n): 1, or M-RoPE's 3), which an EAGLE-3 head runs its entries at.
 
 :class:`FeatureTrack` keeps those rows aligned with a :class:`~mmspec_cli.decoding.kv.CachedModel`'s
 ``ids``: the cached model crops, clears and extends it exactly as it does its KV cache, and for
@@ -27,10 +27,12 @@ from mmspec_cli.models.parts import text_decoder
 
 class _Tap:
     """The hooks' last reading of one model: (input embeddings, features), each (n, ·): the last hidden states, or
-    the inputs of ``layers`` concatenated."""
+    the inputs of ``layers`` concatenated. The hooks only keep references; embedding token ids and concatenating
+    the layers' inputs wait for :meth:`take`, so a forward nobody reads (another drafter's, once a head has run on
+    this model) costs nothing more."""
 
     def __init__(self, decoder: torch.nn.Module, layers: tuple[int, ...] = ()):
-        self.latest: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.latest: tuple[Any, ...] | None = None  # (decoder, inputs_embeds or None, input ids, feature parts)
         self.layers = layers
         self.inputs: dict[int, torch.Tensor] = {}
         self.decoder = decoder
@@ -40,27 +42,27 @@ class _Tap:
 
     def _reader_of(self, k: int):
         def read(module, args, kwargs) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            self.inputs[k] = hidden[0].detach()
+            self.inputs[k] = args[0] if args else kwargs["hidden_states"]
         return read
 
     def _read(self, module, args, kwargs, output) -> None:
         embeds = kwargs.get("inputs_embeds")
-        if embeds is None:  # a decoder called with token ids embeds them itself
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            embeds = module.embed_tokens(ids)
+        ids = None if embeds is not None else kwargs.get("input_ids", args[0] if args else None)
         if self.layers:
-            features = torch.cat([self.inputs[k] for k in self.layers], dim=-1)  # an id may repeat (few layers)
+            parts = [self.inputs[k] for k in self.layers]  # an id may repeat (a target of few layers)
             self.inputs = {}
         else:
-            features = (output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])[0]
-        self.latest = (embeds[0].detach(), features.detach())
+            parts = [output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]]
+        self.latest = (module, embeds, ids, parts)
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.latest is None:
             raise RuntimeError("the target ran no forward since the feature tap was read")
-        latest, self.latest = self.latest, None
-        return latest
+        (module, embeds, ids, parts), self.latest = self.latest, None
+        if embeds is None:  # a decoder called with token ids embeds them itself
+            embeds = module.embed_tokens(ids)
+        features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return embeds[0].detach(), features[0].detach()
 
 
 _TAPS: "weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], _Tap]]" = weakref.WeakKeyDictionary()
@@ -132,7 +134,7 @@ class FeatureTrack:
 
     def hold_tree_rows(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> None:
         """Keep these tree nodes' rows (in feeding order) until :meth:`settle_tree`."""
-        self._tree.extend(zip(embeds, hidden, _by_row(positions)))
+        self._tree.extend(zip(embeds, hidden, position_rows(positions)))
 
     def settle_tree(self, fed_nodes: Sequence[int]) -> None:
         """Append the rows of these fed tree nodes (the accepted path's, in order); forget the rest."""
@@ -145,7 +147,7 @@ class FeatureTrack:
         self._tree = []
 
     def _append(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> None:
-        self._grow(embeds, hidden, _by_row(positions))
+        self._grow(embeds, hidden, position_rows(positions))
 
     def _grow(self, *parts: torch.Tensor) -> None:
         needed = self.length + parts[0].shape[0]
@@ -161,6 +163,11 @@ class FeatureTrack:
         self.length = needed
 
 
-def _by_row(positions: torch.Tensor) -> torch.Tensor:
-    """Position ids (1, n) or M-RoPE's (3, 1, n) as (n, R): one row per position."""
+def position_rows(positions: torch.Tensor) -> torch.Tensor:
+    """Position ids as a forward takes them, (1, n) or M-RoPE's (3, 1, n), as (n, R): one row per position."""
     return positions.reshape(-1, positions.shape[-1]).T
+
+
+def position_ids(rows: torch.Tensor) -> torch.Tensor:
+    """:func:`position_rows` undone: (n, R) rows as the (1, n), or M-RoPE's (3, 1, n), a forward takes."""
+    return rows.T if rows.shape[-1] == 1 else rows.T[:, None, :]

@@ -30,6 +30,7 @@ import torch
 
 from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
+from mmspec_cli.decoding.features import position_ids
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step, static_pool
 from mmspec_cli.decoding.kv_state import DynamicKV
@@ -54,6 +55,7 @@ class HeadDrafter(Drafter):
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
         self.eagle3 = isinstance(head, Eagle3Head)  # reads layer inputs, runs at the target's positions
+        self._logits = head_logits(head, self.lm_head)  # a head's outputs -> logits over the target's vocabulary
         self.device = head.fc.weight.device
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
@@ -153,7 +155,7 @@ class HeadDrafter(Drafter):
                             self.target.image_token_id, len(self.prompt.ids), self.glob, offset=first,
                             runs=self.image_runs)  # range: only the length is read, the runs are the turn's
         if len(seq.positions):
-            positions = (self._as_positions(track.positions[first:held]) if self.eagle3
+            positions = (position_ids(track.positions[first:held].to(self.device)) if self.eagle3
                          else torch.tensor([seq.positions], device=self.device))
             out = self._forward(seq.inputs, positions,
                                 causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
@@ -169,11 +171,6 @@ class HeadDrafter(Drafter):
         """The verified token ids from index ``start`` on (the prompt's, then the turn's generated ones)."""
         prompt = self.prompt.ids
         return list(prompt[start:]) + list(generated[max(0, start - len(prompt)):])
-
-    def _as_positions(self, rows: torch.Tensor) -> torch.Tensor:
-        """Position ids kept per row (n, R) as a forward takes them: (1, n), or M-RoPE's (3, 1, n)."""
-        rows = rows.to(self.device)
-        return rows.T if rows.shape[-1] == 1 else rows.T[:, None, :]
 
     def _draft_positions(self, start: torch.Tensor | int, count: int | None = None) -> torch.Tensor:
         """Positions of drafted entries: ``start`` .. ``start + count − 1`` (or the (1, n) ``start`` given), every
@@ -202,10 +199,6 @@ class HeadDrafter(Drafter):
         embeds = self.head.embed_tokens(torch.tensor(list(tokens), device=self.device))
         return self.head.feed_own(embeds, parents_h, None if self.glob is None else self.glob[None])
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.eagle3:
-            return self.head.logits(hidden)
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
 
     # ------------------------------------------------------------------ chains
 
@@ -269,6 +262,14 @@ class HeadDrafter(Drafter):
     def _tree_done(self) -> None:
         self._tree.drop(self.state)
         self._outputs = []
+
+
+def head_logits(head: DraftHead | Eagle3Head, lm_head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What turns ``head``'s outputs into logits over the target's vocabulary: the target's ``lm_head`` (EAGLE-2,
+    ViSpec), or an EAGLE-3 head's own over its draft vocabulary, scattered into the target's."""
+    if isinstance(head, Eagle3Head):
+        return head.logits
+    return lambda hidden: lm_head(hidden.to(lm_head.weight.dtype))
 
 
 def compiled_head_step(head: DraftHead | Eagle3Head, device: torch.device) -> CompiledStep:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from mmspec_cli.decoding.features import tap_for
+from mmspec_cli.decoding.features import position_ids, position_rows, tap_for
 from mmspec_cli.models.eagle3 import Eagle3Head
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.training.answers import Answer
@@ -68,7 +68,7 @@ def eagle3_reader(layers: Sequence[int]):
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
         def keep(output, positions: torch.Tensor) -> None:
-            parts.append((fused.take()[1], last.take()[1], positions.reshape(-1, positions.shape[-1]).T))
+            parts.append((fused.take()[1], last.take()[1], position_rows(positions)))
 
         prompt = run_turn(target, turn, keep)
         features, hidden, positions = (torch.cat(part) for part in zip(*parts))
@@ -149,8 +149,7 @@ def unrolled(head: Eagle3Head, seq: Eagle3Sequence, steps: int):
     device, dtype = head.fc.weight.device, head.fc.weight.dtype
     ids = torch.tensor(seq.ids, device=device)
     n = len(seq.ids) - 1
-    rows = seq.positions.to(device)[:n]  # (n, R)
-    positions = rows.T if rows.shape[1] == 1 else rows.T[:, None, :]  # (1, n) or M-RoPE's (3, 1, n)
+    positions = position_ids(seq.positions.to(device)[:n])  # (1, n) or M-RoPE's (3, 1, n)
     x = head.fc(seq.features[:n].to(device, dtype))  # step 0's hidden stream: the fused target features
     cache = DynamicCache(config=head.config)
     for k in range(steps):

@@ -70,42 +70,30 @@ def placeholder_answers(target: LoadedModel, answers: Sequence[Answer]) -> int:
 
 
 @torch.no_grad()  # not inference_mode: what the readers keep enters the head's autograd graph
-def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any], None], **kwargs: Any) -> ModelPrompt:
+def run_turn(target: LoadedModel, turn: Turn, on_forward: Callable[[Any, torch.Tensor], None],
+             **kwargs: Any) -> ModelPrompt:
     """Run the frozen target over the turn's prompt, then its answer, as decoding fed them (module doc).
 
     The prompt goes with its images; the answer follows in a second forward over the cached prompt,
     with no pixels. Both get explicit positions from the target's family (the answer's follow the
-    prompt's rope offset, never one the model object kept). ``on_forward(output, positions)`` is called after each
-    forward (with the position ids it fed) (the reader takes what it needs); ``kwargs`` go to both. Returns the prompt as the target's
-    processor tokenized it.
+    prompt's rope offset, never one the model object kept). ``on_forward(output, positions)`` is called after
+    each forward, with the position ids it fed (the reader takes what it needs); ``kwargs`` go to both. Returns
+    the prompt as the target's processor tokenized it.
     """
-    prompt = turn_prompt(target, turn)
+    images = turn.conversation.shown(turn.conversation.load_images(), turn.answer.turn)
+    prompt = process(target.processor, turn.answer.prompt, images)
     model = target.model
     cache = DynamicCache(config=model.config)
     vision = {k: to_model(v, model) for k, v in prompt.vision.items()}
     answer = list(turn.answer.answer_ids)
-    positions, after = turn_positions(target, prompt, vision, len(answer))
+    family = family_of(model)
+    positions, offset = family.prompt_positions(model, prompt.ids, vision, model.device)
+    after = family.positions(offset).chain(len(prompt.ids), len(answer), model.device)
     for ids, pixels, at in ((prompt.ids, vision, positions), (answer, {}, after)):
         if ids:
             on_forward(model(input_ids=torch.tensor([ids], device=model.device), position_ids=at,
                              **with_cache(cache), use_cache=True, logits_to_keep=1, **pixels, **kwargs), at)
     return prompt
-
-
-def turn_prompt(target: LoadedModel, turn: Turn) -> ModelPrompt:
-    """The prompt the target answered in ``turn``, as its processor tokenizes it with the images shown by then."""
-    images = turn.conversation.shown(turn.conversation.load_images(), turn.answer.turn)
-    return process(target.processor, turn.answer.prompt, images)
-
-
-def turn_positions(target: LoadedModel, prompt: ModelPrompt, vision: dict[str, Any],
-                   answer_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The position ids the prompt (with its images) and the answer after it are fed at, from the target's family:
-    (1, n) each, or M-RoPE's (3, 1, n) (the answer's follow the prompt's rope offset)."""
-    model = target.model
-    family = family_of(model)
-    positions, offset = family.prompt_positions(model, prompt.ids, vision, model.device)
-    return positions, family.positions(offset).chain(len(prompt.ids), answer_len, model.device)
 
 
 def read_sequence(target: LoadedModel, turn: Turn) -> TargetSequence:
