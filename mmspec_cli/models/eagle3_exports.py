@@ -32,9 +32,9 @@ import torch
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.eagle3 import KIND, default_layers
 from mmspec_cli.models.eagle3_files import (CONFIG, LAYER_KEYS, RETRAIN, check_fits, check_tensors, engine_default,
-                                            other_kind, read_folder, sglang_ids, target_layer_count, to_mmspec, vllm_ids,
-                                            write_folder)
-from mmspec_cli.models.head_folders import check_finite, head_dir, with_article
+                                            other_kind, read_folder, sglang_ids, target_layer_count, to_mmspec,
+                                            vllm_ids)
+from mmspec_cli.models.head_folders import check_finite, head_dir, with_article, write_head_folder
 from mmspec_cli.models.loading import LoadedModel, folder_on_disk, model_location
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import signature, warn_if_other_target
@@ -300,7 +300,7 @@ def export_head(head: str, to: str, out: str | Path, target: LoadedModel | str |
     exported, weights = EXPORTS[to]({**config, "mmspec": kept}, tensors, facts)
     created = not out.exists()
     try:
-        files = write_folder(out, exported, weights)
+        files = write_head_folder(out, exported, weights)
     except WriteFailed as exc:
         if created:
             try:

@@ -42,14 +42,13 @@ from transformers import LlamaConfig
 
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.eagle3 import KIND, Eagle3Head, default_layers, head_config
-from mmspec_cli.models.head_folders import WEIGHT_FILES, check_finite, head_dir, read_weights, with_article
+from mmspec_cli.models.head_folders import (CONFIG, WEIGHT_FILES, check_finite, head_dir, read_weights, with_article,
+                                           write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
-from mmspec_cli.models.writing import write_atomically
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # SpecForge's and SGLang's draft class; vLLM maps it to its Eagle3 Llama
-CONFIG = "config.json"
 WEIGHTS = WEIGHT_FILES[0]  # what mmspec writes
 EMBEDDING = "embed_tokens.weight"  # the target's, never saved
 RETRAIN = "mmspec train-head eagle3"
@@ -155,21 +154,9 @@ def save_eagle3(head: Eagle3Head, folder: Path, target_name: str, dtype: torch.d
     signed = {} if target_signature is None else {"target_signature": target_signature}
     meta = {"kind": KIND, "layers": list(head.layers_read), "target": target_name, **signed, **(extra or {})}
     config = written_config(head.config, head.draft_vocab, head.target_hidden, meta)
-    write_folder(Path(folder), config, saved_tensors(head, dtype))
+    write_head_folder(Path(folder), config, saved_tensors(head, dtype))
 
 
-def write_folder(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[Path]:
-    """``config.json`` and ``model.safetensors`` in ``folder`` (made if missing), written together atomically; the
-    paths written."""
-    from safetensors.torch import save
-
-    folder.mkdir(parents=True, exist_ok=True)
-    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    paths = [folder / WEIGHTS, folder / CONFIG]
-    write_atomically({paths[0]: lambda handle: handle.write(data),
-                      paths[1]: lambda handle: handle.write(text.encode("utf-8"))})
-    return paths
 
 
 # --------------------------------------------------------------------------- reading any layout

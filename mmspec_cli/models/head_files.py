@@ -33,11 +33,11 @@ from transformers import LlamaConfig
 from mmspec_cli.choices import EAGLE3
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
-from mmspec_cli.models.head_folders import check_finite, head_dir, plain_rope, read_weights, with_article
+from mmspec_cli.models.head_folders import (check_finite, head_dir, plain_rope, read_weights, with_article,
+                                           write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
-from mmspec_cli.models.writing import write_atomically
 
 CHECKED_SHAPE = ("hidden_size", "vocab_size", "num_attention_heads")  # a head for another target differs here
 
@@ -254,9 +254,4 @@ def save_head(head: DraftHead, folder: Path, target: str, dtype: torch.dtype = t
 def save_weights(folder: Path, module: torch.nn.Module, dtype: torch.dtype, config: dict[str, Any]) -> None:
     """``model.safetensors`` (``module``'s tensors in ``dtype``) and ``config.json``, written together atomically
     (:func:`mmspec_cli.models.writing.write_atomically`: a failure leaves both files as they were)."""
-    from safetensors.torch import save
-
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in module.state_dict().items()}
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    write_atomically({folder / "model.safetensors": lambda handle: handle.write(save(state)),
-                      folder / "config.json": lambda handle: handle.write(text.encode("utf-8"))})
+    write_head_folder(folder, config, {k: v.detach().to("cpu", dtype) for k, v in module.state_dict().items()})

@@ -1,10 +1,12 @@
 """What every draft head on disk shares, whatever its kind: where its folder is (a local folder, ``mmspec:NAME`` or a
-hub id), reading its weights (one line when they are missing or unreadable), refusing weights a diverged training
-left (NaN, infinity), and its rope settings without M-RoPE's keys. ``head_files`` (EAGLE-2, ViSpec) and
+hub id), reading its weights (one line when they are missing or unreadable), writing them with its config (together,
+atomically), refusing weights a diverged training left (NaN, infinity), and its rope settings without M-RoPE's
+keys. ``head_files`` (EAGLE-2, ViSpec) and
 ``eagle3_files`` (EAGLE-3) read heads through these."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import torch
 
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.loading import hub_folder, model_location
+from mmspec_cli.models.writing import write_atomically
 
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -44,6 +47,20 @@ def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
                                  f"again") from None
     raise ModelLoadError(f"head.model: {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)} beside its "
                          f"{CONFIG}")
+
+
+def write_head_folder(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[Path]:
+    """``model.safetensors`` and ``config.json`` in ``folder`` (made if missing), written together atomically
+    (:func:`mmspec_cli.models.writing.write_atomically`: a failure leaves both files as they were); the paths."""
+    from safetensors.torch import save
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    paths = [folder / WEIGHT_FILES[0], folder / CONFIG]
+    write_atomically({paths[0]: lambda handle: handle.write(data),
+                      paths[1]: lambda handle: handle.write(text.encode("utf-8"))})
+    return paths
 
 
 def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> None:
