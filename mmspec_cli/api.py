@@ -22,7 +22,7 @@ from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
-from mmspec_cli.drafters.registry import check_chain_only, require_captioner
+from mmspec_cli.drafters.registry import check_chain_only, require_captioner, require_vision_draft
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
@@ -30,7 +30,7 @@ from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
 from mmspec_cli.models.imitation import load_imitation
-from mmspec_cli.models.loading import LoadedModel, check_compatible, load_model
+from mmspec_cli.models.loading import LoadedModel, is_language_model, load_model, model_type_on_disk, pair_draft
 from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.threads import ENV as THREADS_ENV, ThreadChoice, apply_threads, check_count
@@ -70,15 +70,19 @@ class ModelSet:
         elif threads == AUTO_THREADS and os.environ.get(THREADS_ENV, "").strip():
             check_count(os.environ[THREADS_ENV], THREADS_ENV)
         plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
+        language_draft = profile.draft is not None and is_language_model(model_type_on_disk(profile.draft))
         for plan in plans:
             require_captioner(plan, profile.captioner is not None)
+            require_vision_draft(plan, language_draft, profile.draft.model if language_draft else "")
         decoding = profile.decoding
         check_chain_only(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
                          needs_ar_first=False)
         if any(p.self_speculative for p in plans):
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
+        check_compilable_profile(profile, any(p.needs_draft for p in plans))
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
+        warn_unapplied_generation(models.target)
         if threads is not None:
             models.threads = apply_threads(None if threads == AUTO_THREADS else threads, models.target.model)
         if profile.ssd.layer is not None:  # a layer the target lacks is a mistake even when no ssd drafter runs
@@ -88,7 +92,7 @@ class ModelSet:
         if any(p.needs_draft for p in plans) and profile.draft is not None:
             warn_if_self_draft(profile)
             models.draft = load_model(profile.draft, "draft", fallback_processor=models.target.processor)
-            check_compatible(models.target, models.draft)
+            pair_draft(models.target, models.draft)
         if any(p.needs_captioner for p in plans):
             spec = profile.captioner
             models.captioner = Captioner(load_model(spec, "captioner"), spec.prompt, spec.max_new_tokens)
@@ -133,7 +137,20 @@ class ModelSet:
             tree_topk=decoding.tree_topk,
             kv="compiled" if decoding.compile else "dynamic",
             step_costs=step_costs if step_costs is not None else self.step_costs.get(drafter),
+            repetition_penalty=decoding.repetition_penalty,
         )
+
+
+def check_compilable_profile(profile: Profile, needs_draft: bool) -> None:
+    """What ``decoding.compile`` refuses from the profile alone, before loading: a quantized target, or a quantized
+    draft that a drafter runs (bitsandbytes' layers are not compiled)."""
+    if not profile.decoding.compile:
+        return
+    for role, spec in (("target", profile.target), ("draft", profile.draft if needs_draft else None)):
+        if spec is not None and spec.quantization:
+            raise InputError(f"--compile: the {role} model can't be compiled here: a quantized (bitsandbytes) model "
+                             f"is not compiled ({role}.quantization: {spec.quantization}); run without --compile, "
+                             f"or set {role}.quantization: null")
 
 
 def check_compilable(models: ModelSet) -> None:
@@ -164,6 +181,32 @@ def head_spec(profile: Profile, kind: str) -> HeadSpec:
                          f"{'only ' + have if have else 'no head'}; add `head: {{model: PATH, kind: {kind}}}` to the "
                          f"profile, or train one with `mmspec train-head {kind}`")
     return chosen[0]
+
+
+#: generation_config settings that change which token ``generate`` picks and that mmspec's verification does not apply,
+#: with the value that leaves them off
+UNAPPLIED_GENERATION = {"no_repeat_ngram_size": 0, "min_new_tokens": None, "min_length": 0, "bad_words_ids": None,
+                        "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
+                        "forced_bos_token_id": None, "forced_eos_token_id": None}
+
+
+def unapplied_generation_settings(generation_config: Any) -> dict[str, Any]:
+    """What ``generation_config`` sets among :data:`UNAPPLIED_GENERATION` (its repetition penalty is applied:
+    ``SpeculativeDecoder``)."""
+    settings = {key: getattr(generation_config, key, None) for key in UNAPPLIED_GENERATION}
+    return {key: value for key, value in settings.items()
+            if value is not None and value != UNAPPLIED_GENERATION[key] and value != []}
+
+
+def warn_unapplied_generation(target: LoadedModel) -> None:
+    """One ``warning:`` line when the target's ``generation_config.json`` asks ``generate`` for a logits processor that
+    mmspec does not apply: its output is then the target's decoding without it, as ``generate`` gives with it off."""
+    settings = unapplied_generation_settings(target.model.generation_config)
+    if settings:
+        said = ", ".join(f"{key} {value}" for key, value in settings.items())
+        off = ", ".join(f"{key}={UNAPPLIED_GENERATION[key]}" for key in settings)
+        print(f"warning: {shorten(target.name)}'s generation_config.json sets {said}, which mmspec does not apply; "
+              f"the output is the target's own without it, as generate(..., {off}) gives", file=sys.stderr)
 
 
 def warn_if_self_draft(profile: Profile) -> None:

@@ -147,3 +147,25 @@ def test_wall_time_does_not_count_the_consumers_time(tiny_models):
     elapsed = time.perf_counter() - start
     assert stats.blocks >= 3 and elapsed > 0.05 * stats.blocks
     assert stats.wall_s < elapsed - 0.05 * stats.blocks + 0.01
+
+
+@pytest.mark.parametrize("tree", [{}, {"tree_width": 2}, {"tree": "dynamic", "tree_budget": 8, "tree_depth": 3,
+                                                          "tree_topk": 3}])
+def test_the_targets_repetition_penalty_is_applied_as_its_generate_applies_it(tiny_models, refs, monkeypatch, tree):
+    """A generation_config with a repetition penalty (Qwen2.5-VL's publishes 1.05): chains and trees verify under it,
+    and the output is the target's own ``generate``'s, which differs from the output without it."""
+    target = tiny_models["target"]
+    monkeypatch.setattr(target.model.generation_config, "repetition_penalty", 3.0)
+    penalized = reference(target, [QUESTION], [], 1)
+    assert penalized != refs[1]
+    turn = decode(target, "m", tiny_models["perturbed"], gamma=4, **tree).turns[0]
+    assert turn.token_ids == penalized and turn.stats.accepted > 0
+
+
+def test_what_a_generation_config_asks_and_mmspec_does_not_apply_is_named():
+    from transformers import GenerationConfig
+
+    from mmspec_cli.api import unapplied_generation_settings
+
+    assert unapplied_generation_settings(GenerationConfig(repetition_penalty=1.05, eos_token_id=2)) == {}
+    assert unapplied_generation_settings(GenerationConfig(no_repeat_ngram_size=3)) == {"no_repeat_ngram_size": 3}

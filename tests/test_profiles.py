@@ -250,7 +250,7 @@ def test_drafter_must_be_nonempty_string():
 def test_unknown_key_nested():
     message = refused(with_decoding(gama=3), "decoding.gama: unknown key; known keys: gamma, max_new_tokens, ")
     assert message.endswith("known keys: gamma, max_new_tokens, temperature, top_p, top_k, seed, gamma_schedule, "
-                            "tree_width, tree, tree_budget, tree_depth, tree_topk, compile")
+                            "tree_width, tree, tree_budget, tree_depth, tree_topk, repetition_penalty, compile")
     refused(with_target(dtpye="float16"), "target.dtpye: unknown key; known keys: model, dtype, device")
 
 

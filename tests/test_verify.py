@@ -239,3 +239,27 @@ def test_the_width_tree_rule_draws_as_before():
 
 def test_the_dynamic_tree_rule_draws_as_before():
     assert [(tuple(v.rows), v.next_token) for v in verdicts(any_tree_case, verify_any_tree_sampling)] == ANY_TREE
+
+
+def test_the_repetition_penalty_is_transformers_own():
+    """``penalize_repeats`` over ``seen_rows`` gives, row by row, what ``RepetitionPenaltyLogitsProcessor`` gives for
+    that row's whole sequence: a chain and a tree (CTRL §4.1)."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from mmspec_cli.decoding.sampling import penalize_repeats, seen_rows
+
+    torch.manual_seed(0)
+    vocab, context = 12, [3, 5, 5, 9]
+    for tokens, parents in (([0, 1, 5, 7], [-1, 0, 1, 2]), ([0, 2, 8, 1, 4], [-1, 0, 0, 1, 2])):
+        logits = torch.randn(len(tokens), vocab, dtype=torch.float64) * 3
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        seen[context] = True
+        ours = penalize_repeats(logits, seen_rows(seen, tokens, parents), 1.7)
+        for row in range(len(tokens)):
+            path, node = [], row
+            while node > 0:
+                path.insert(0, tokens[node])
+                node = parents[node]
+            ids = torch.tensor([context + path])
+            theirs = RepetitionPenaltyLogitsProcessor(1.7)(ids, logits[row:row + 1].clone())
+            assert torch.equal(ours[row], theirs[0])

@@ -26,6 +26,7 @@ from mmspec_cli.models.head import DraftHead, causal_mask
 from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny_qwen
+from tests.standins import vispec_qwen_shapes
 from tests.conftest import load
 from tests.helpers import QUESTION
 
@@ -46,27 +47,11 @@ def target(tmp_path_factory):
 
 
 def layout_shapes(target) -> dict[str, tuple[int, ...]]:
-    """The 22 tensors of ViSpec's published Qwen2.5-VL head, shaped for ``target`` (written out here, not taken
-    from mmspec's DraftHead, so that a head of another layout fails to load them)."""
+    """The 22 tensors of ViSpec's published Qwen2.5-VL head, shaped for ``target`` (:func:`vispec_qwen_shapes`,
+    written out there, not taken from mmspec's DraftHead, so that a head of another layout fails to load them)."""
     text = target.model.config.get_text_config()
-    h, i, heads, kv = text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads
-    d = h // heads
-    return {
-        "embed_tokens.weight": (target.vocab_size, h),
-        "fc.weight": (h, 2 * h), "fc.bias": (h,),
-        "img_fc.weight": (h, 2 * h), "img_fc.bias": (h,),
-        "imadpt.q": (2, heads, d),
-        "imadpt.k_proj.weight": (h, h), "imadpt.k_proj.bias": (h,),
-        "imadpt.v_proj.weight": (h, h), "imadpt.v_proj.bias": (h,),
-        "imadpt.o_proj.weight": (h, h),
-        "layers.0.self_attn.q_proj.weight": (heads * d, h), "layers.0.self_attn.q_proj.bias": (heads * d,),
-        "layers.0.self_attn.k_proj.weight": (kv * d, h), "layers.0.self_attn.k_proj.bias": (kv * d,),
-        "layers.0.self_attn.v_proj.weight": (kv * d, h), "layers.0.self_attn.v_proj.bias": (kv * d,),
-        "layers.0.self_attn.o_proj.weight": (h, heads * d),
-        "layers.0.mlp.gate_proj.weight": (i, h), "layers.0.mlp.up_proj.weight": (i, h),
-        "layers.0.mlp.down_proj.weight": (h, i),
-        "layers.0.post_attention_layernorm.weight": (h,),
-    }
+    return vispec_qwen_shapes(text.hidden_size, text.intermediate_size, text.num_attention_heads,
+                              text.num_key_value_heads, target.vocab_size)
 
 
 def write_published(target, folder: Path, seed: int = 0, rope: dict | None = None) -> Path:

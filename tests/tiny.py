@@ -31,9 +31,13 @@ def train_tokenizer(vocab_size: int = 400, corpus=CORPUS, repeat: int = 20) -> P
     return processor.train_tokenizer(vocab_size, corpus, repeat)
 
 
-def make_config(vocab_size: int, hidden: int = 32, layers: int = 2, image_size: int = 28) -> LlavaConfig:
-    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=image_size, patch_size=14)
+def make_config(vocab_size: int, hidden: int = 32, layers: int = 2, image_size: int = 28,
+                vision_hidden: int = 16) -> LlavaConfig:
+    """``vision_hidden``: the CLIP tower's width (its MLP twice that). A family for 4-bit bitsandbytes on an AVX512-BF16
+    CPU needs every quantized Linear's output size a multiple of 32 and its input size a multiple of 64 (the
+    quantization block): ``vision_hidden=64`` with ``hidden=64`` (key/value projections 2 heads × 16)."""
+    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=1,
+                              num_attention_heads=2, image_size=image_size, patch_size=14)
     text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3)
@@ -42,10 +46,12 @@ def make_config(vocab_size: int, hidden: int = 32, layers: int = 2, image_size: 
 
 
 def make_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, sharpen: float = 4.0,
-               image_size: int = 28):
-    """A random float64 LLaVA; ``sharpen`` scales the LM head so argmaxes are far from ties."""
+               image_size: int = 28, vision_hidden: int = 16):
+    """A random float64 LLaVA; ``sharpen`` scales the LM head so argmaxes are far from ties. ``vision_hidden``: the
+    vision tower's width (:func:`make_config`)."""
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(make_config(vocab_size, hidden, layers, image_size)).to(torch.float64)
+    model = LlavaForConditionalGeneration(make_config(vocab_size, hidden, layers, image_size,
+                                                      vision_hidden)).to(torch.float64)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(sharpen)
     model.generation_config.eos_token_id = 2

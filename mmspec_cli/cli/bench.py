@@ -305,12 +305,12 @@ def interrupted_line(results, again: str) -> str:
 def _load(profile: Profile, names: list[str]):
     from mmspec_cli.api import ModelSet
     from mmspec_cli.bench.peers import PEERS
-    from mmspec_cli.models.loading import check_compatible, load_model
+    from mmspec_cli.models.loading import load_model, pair_draft
 
     models = ModelSet.load(profile, [n for n in names if n not in PEERS], threads=None)  # threads: chosen in _run
     if any(n in PEERS for n in names) and models.draft is None:
         models.draft = load_model(profile.draft, "draft")
-        check_compatible(models.target, models.draft)
+        pair_draft(models.target, models.draft)
     return models
 
 

@@ -110,6 +110,9 @@ def profile_latency(
                          "`ssd: {layer: N}` to the profile")
     if plot is not None:
         _check_plot(plot)
+    from mmspec_cli.api import check_compilable_profile
+
+    check_compilable_profile(chosen, needs_draft=True)
     _run(chosen, batches, seqs, gamma_list, repeat, taus, plot, as_json, check_threads(threads))
 
 

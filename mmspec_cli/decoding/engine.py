@@ -41,6 +41,12 @@ def eos_ids(target: LoadedModel) -> set[int]:
     return {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
 
 
+def generation_penalty(target: LoadedModel) -> float:
+    """The repetition penalty the target's own ``generate`` applies (its ``generation_config``; 1.0: none)."""
+    value = getattr(target.model.generation_config, "repetition_penalty", None)
+    return 1.0 if value is None else float(value)
+
+
 def context_length(config: Any) -> int | None:
     """The model's context (``max_position_embeddings`` of its text config); None when it declares none."""
     text = config.get_text_config()
@@ -100,6 +106,8 @@ class SpeculativeDecoder:
     >>> generation = decoder.generate(images, ["Describe the image."])
 
     ``max_new_tokens`` and ``seed`` are defaults; ``generate``/``stream`` take them per call.
+    ``repetition_penalty``: applied to the target's logits as its own ``generate`` applies it (None: the value in its
+    ``generation_config.json``, such as Qwen2.5-VL's 1.05; 1.0: none).
     """
 
     def __init__(
@@ -119,6 +127,7 @@ class SpeculativeDecoder:
         tree_topk: int = 8,
         kv: str = "dynamic",
         step_costs: Any = None,
+        repetition_penalty: float | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -134,7 +143,8 @@ class SpeculativeDecoder:
         self.sampling = sampling
         self.seed = seed
         self.cached_target = CachedModel(target.model, role="target", image_token_id=target.image_token_id, kv=kv)
-        self.step = BlockStep(self.cached_target, drafter, self.tree)
+        self.repetition_penalty = generation_penalty(target) if repetition_penalty is None else repetition_penalty
+        self.step = BlockStep(self.cached_target, drafter, self.tree, self.repetition_penalty)
         self.max_length = max_sequence_length(target.model.config)  # N of FastVLM Eq. (5)
         self.eos = eos_ids(target)
         # On CUDA, a drafter's slow start (captioning) runs beside the target's prefill; see _begin_turn.

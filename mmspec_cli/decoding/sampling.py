@@ -55,6 +55,26 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty of CTRL (Keskar et al. 2019, §4.1), as transformers' ``RepetitionPenaltyLogitsProcessor``
+    applies it before any other transform: the logit of a token the sequence already holds is divided by ``penalty``
+    when positive and multiplied by it when negative. logits (n, V); seen (n, V) bool, the tokens each row's
+    sequence holds. Greedy and sampled choices both read the penalised logits."""
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def seen_rows(context: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
+    """(n, V) bool: the tokens the sequence of each of ``n`` rows holds. Row 0 holds ``context`` (V,) bool, the
+    verified sequence; row i holds its parent's and its own token (``parents[i]`` < i; a chain: i − 1). Row i's
+    logits predict what follows it, so its own token counts."""
+    rows = context.unsqueeze(0).repeat(len(tokens), 1)  # (n, V)
+    for i in range(1, len(tokens)):
+        rows[i] = rows[parents[i]]
+        rows[i, tokens[i]] = True
+    return rows
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from a 1-D distribution, using ``generator`` (a CPU generator)."""
     return int(torch.multinomial(probs.detach().to("cpu", torch.float64), 1, generator=generator))

@@ -26,7 +26,7 @@ from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape,
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
-from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.decoding.sampling import TokenPicker, penalize_repeats, seen_rows
 from mmspec_cli.decoding.timing import Laps
 from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, rooted_values, split_rooted, unrooted
 from mmspec_cli.decoding.verify import (Verdict, verify_any_tree_greedy, verify_any_tree_sampling, verify_greedy,
@@ -49,16 +49,21 @@ class BlockOutcome:
 class BlockStep:
     """Runs blocks of ``drafter`` against the target's cached model, as chains or trees (``settings``)."""
 
-    def __init__(self, cached_target: CachedModel, drafter: Drafter, settings: TreeSettings = TreeSettings()):
+    def __init__(self, cached_target: CachedModel, drafter: Drafter, settings: TreeSettings = TreeSettings(),
+                 repetition_penalty: float = 1.0):
         self.cached_target = cached_target
         self.drafter = drafter
         self.settings = settings
         self.drafts_trees = settings.drafts_tree and drafter.traits.drafts
         self.prompt_fed = False  # whether this turn's prompt is in the target's state (after the turn's first block)
+        self.repetition_penalty = repetition_penalty  # the target's generation_config's (1.0: none)
+        self.seen: torch.Tensor | None = None  # (V,) bool: the tokens the verified sequence holds (a penalty's)
+        self.seen_generated = 0  # how many of the turn's generated tokens ``seen`` holds
 
     def begin_turn(self) -> None:
         """A new turn: its first block feeds the prompt."""
         self.prompt_fed = False
+        self.seen = None
 
     def length(self, scheduled: int, room: int) -> int:
         """Tokens a block may draft: the schedule's γ (a dynamic tree: its levels), at most ``room``."""
@@ -120,6 +125,7 @@ class BlockStep:
             logits = self.cached_target.extend([self._held_then(prompt, generated), *draft.tokens], keep)  # (γ+1, V)
         else:
             logits = self._feed_prompt(prompt, generated, draft.tokens, keep)
+        logits = self._penalized(logits, prompt, generated, [0, *draft.tokens], list(range(-1, len(draft))))
         if picker.greedy:
             return verify_greedy(draft.tokens, logits), logits
         tokens = torch.tensor(draft.tokens, dtype=torch.long)
@@ -140,13 +146,30 @@ class BlockStep:
                                     prompt_len=min(len(prompt.ids), len(verified) - 1))
             self.prompt_fed, root = True, verified[-1]
         tokens, parents = rooted_values(tree.tokens, root), rooted_parents(tree.topology)
-        logits = self.cached_target.tree_logits(tokens, parents)  # (1 + n, V)
+        logits = self._penalized(self.cached_target.tree_logits(tokens, parents), prompt, generated, tokens,
+                                 parents)  # (1 + n, V)
         if tree.scores is not None:
             accepted, next_token, followed = self._follow_dynamic(tree, tokens, parents, logits, picker)
         else:
             accepted, next_token, followed = self._follow_width(tree, logits, picker)
         return Verdict(len(accepted), next_token), logits[rooted(followed.nodes)], followed, Kept(len(accepted),
                                                                                                   tuple(accepted))
+
+    def _penalized(self, logits: torch.Tensor, prompt: ModelPrompt, generated: list[int], tokens: list[int],
+                   parents: list[int]) -> torch.Tensor:
+        """The target's logits of the rows [root, nodes...] (a chain: each row's parent is the one before) under the
+        repetition penalty, as ``generate`` applies it; unchanged when there is none. The verified sequence's tokens
+        are gathered once a turn, then only the new ones."""
+        if self.repetition_penalty == 1.0:
+            return logits
+        if self.seen is None:
+            self.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            self.seen[torch.tensor(prompt.ids, device=logits.device)] = True
+            self.seen_generated = 0
+        if len(generated) > self.seen_generated:
+            self.seen[torch.tensor(generated[self.seen_generated:], device=logits.device)] = True
+            self.seen_generated = len(generated)
+        return penalize_repeats(logits, seen_rows(self.seen, tokens, parents), self.repetition_penalty)
 
     def _follow_width(self, tree: TreeDraft, logits: torch.Tensor, picker: TokenPicker):
         """A width tree: the branch rules of TABED §6.1 (greedy) and recursive rejection sampling."""

@@ -151,6 +151,19 @@ def require_captioner(plan: DrafterPlan, has_captioner: bool) -> None:
                          f"add `captioner: {{model: ...}}` to the profile")
 
 
+#: the ensemble letters whose draft sees the images (a language-only draft can't be one)
+SEEING_MEMBERS = ("m", "p")
+
+
+def require_vision_draft(plan: DrafterPlan, language_only: bool, draft_name: str) -> None:
+    """A language-only draft (a causal language model) drafts from the text: ``m`` and ``p`` are refused in one line."""
+    seeing = [m for m in plan.members if m in SEEING_MEMBERS]
+    if language_only and seeing:
+        raise InputError(f"drafter '{plan.name}' has member {seeing[0]}, which shows the images to the draft, but "
+                         f"draft.model '{draft_name}' is a language model with no vision part; use t or c "
+                         f"(e.g. --drafter t, or tabed:tc with a captioner)")
+
+
 def build_drafter(
     name: str,
     target: LoadedModel,
@@ -188,15 +201,16 @@ def build_drafter(
     if draft is None:
         raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use --drafter ar")
     require_captioner(plan, captioner is not None)
+    require_vision_draft(plan, draft.language_only, draft.name)
     if plan.members in (("m",), ("t",)):
-        view = multimodal_view(draft) if plan.members == ("m",) else text_only_view(draft)
+        view = multimodal_view(draft) if plan.members == ("m",) else text_only_view(target)
         return SingleModelDrafter(name, draft, view, target_vocab=target.vocab_size)
     if {"m", "p"} & set(plan.members):
         check_row_images(draft.model, pooled="p" in plan.members)  # refuse drafts whose images rows can't feed, now
     views = {
         "m": lambda: multimodal_row(draft),
-        "t": lambda: text_only_row(draft),
-        "c": lambda: caption_row(draft, captioner),
+        "t": lambda: text_only_row(target),
+        "c": lambda: caption_row(target, captioner),
         "p": lambda: pooled_row(draft, pool_kernel),
     }
     policy = ensemble or EnsembleSpec()

@@ -40,9 +40,11 @@ def multimodal_view(draft: LoadedModel) -> PromptView:
     return lambda text, images: process(draft.processor, text, images)
 
 
-def text_only_view(draft: LoadedModel) -> PromptView:
+def text_only_view(target: LoadedModel) -> PromptView:
+    """The target's text in the target's ids, each image one newline token: what a draft reads (a language-only
+    draft reads target ids through its table, :mod:`~mmspec_cli.models.vocabulary`)."""
     def view(text: str, images: Sequence[Any]) -> ModelPrompt:
-        return ModelPrompt(ids=text_only_ids(draft.tokenizer, text, draft.image_placeholder_ids, len(images)))
+        return ModelPrompt(ids=text_only_ids(target.tokenizer, text, target.image_placeholder_ids, len(images)))
 
     return view
 

@@ -3,6 +3,9 @@
 - ``m`` multimodal (TABED §4): the images through the draft's vision tower, and the text;
 - ``t`` text-only (Gagrani; TABED App. I.2): each image becomes one newline token;
 - ``c`` caption (TABED §6.1, App. I.2): each image becomes the tokens of "image: <caption>";
+
+``t`` and ``c`` are tokenized by the target's tokenizer (the prompt is the target's text, and the draft reads target
+ids: a language-only draft's tokenizer lacks the target's image tokens);
 - ``p`` pooled (TABED §6.1; IbED §5.1): the images with vision features average-pooled
   ``kernel``×``kernel`` in their patch grid, the placeholder run shrunk to match (576 -> 144; a
   Qwen-VL image in its own merged grid, so each image keeps about a quarter of its tokens).
@@ -30,15 +33,17 @@ def multimodal_row(draft: LoadedModel) -> RowView:
     return view
 
 
-def text_only_row(draft: LoadedModel) -> RowView:
-    return lambda text, images: Row(ids=text_only_ids(draft.tokenizer, text, draft.image_placeholder_ids, len(images)))
+def text_only_row(target: LoadedModel) -> RowView:
+    """In the target's ids (what the draft reads: :mod:`~mmspec_cli.models.vocabulary`), from the target's text."""
+    return lambda text, images: Row(ids=text_only_ids(target.tokenizer, text, target.image_placeholder_ids,
+                                                      len(images)))
 
 
-def caption_row(draft: LoadedModel, captioner: Captioner) -> RowView:
+def caption_row(target: LoadedModel, captioner: Captioner) -> RowView:
     def view(text: str, images: Sequence[Any]) -> Row:
-        tokenizer = draft.tokenizer
+        tokenizer = target.tokenizer
         captions = [tokenizer(f"image: {captioner.caption(img)}", add_special_tokens=False)["input_ids"] for img in images]
-        return Row(ids=replace_image_tokens(tokenizer(text)["input_ids"], draft.image_placeholder_ids, captions))
+        return Row(ids=replace_image_tokens(tokenizer(text)["input_ids"], target.image_placeholder_ids, captions))
 
     return view
 

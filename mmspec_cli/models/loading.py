@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -30,10 +31,12 @@ from typing import Any
 import torch
 import transformers
 from safetensors import SafetensorError, safe_open
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from mmspec_cli.errors import MmspecError, ModelLoadError
 from mmspec_cli.models.families import family_of
+from mmspec_cli.models.prompts import newline_token_id
+from mmspec_cli.models.vocabulary import VocabularyMatch, match_vocabularies, speak_target_ids
 
 HUB_PROBE_TIMEOUT_S = 2.0  # one HEAD request to the hub; DNS failures and refused connections answer far sooner
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -43,20 +46,27 @@ WEIGHT_GLOBS = ("model*.safetensors", "pytorch_model*.bin")
 
 @dataclass
 class LoadedModel:
-    """A loaded image-text-to-text model with its processor; ``role`` is 'target' or 'draft'."""
+    """A loaded image-text-to-text model with its processor; ``role`` is 'target' or 'draft'. A language-only draft
+    (a causal language model: Gagrani et al.'s text-only drafting) has no processor, only ``text_tokenizer``."""
 
     role: str
     name: str
     model: Any
     processor: Any
+    text_tokenizer: Any = None
+
+    @property
+    def language_only(self) -> bool:
+        """Whether this is a language model with no vision part (it drafts from the text alone)."""
+        return self.processor is None
 
     @property
     def tokenizer(self):
-        return self.processor.tokenizer
+        return self.text_tokenizer if self.language_only else self.processor.tokenizer
 
     @property
     def image_token_id(self) -> int | None:
-        return image_token_id(self.processor, self.model.config)
+        return None if self.language_only else image_token_id(self.processor, self.model.config)
 
     @property
     def image_placeholder_ids(self) -> tuple[int, ...]:
@@ -166,6 +176,28 @@ def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
             return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=TARGET_INT8_THRESHOLD)
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
+
+
+def _fit_cpu_4bit_kernel(model: Any, role: str) -> None:
+    """On an AVX512-BF16 CPU, bitsandbytes runs 4-bit layers in a packed kernel that takes only layers whose output
+    size is a multiple of 32 and whose input size is one of 64 (its column and quantization blocks); any other aborts
+    in it at the first forward. Those layers are switched to bitsandbytes' other CPU path (the layer's own
+    ``support_avx512bf16_for_cpu``: the weights dequantized for a float matmul), with one warning line."""
+    import bitsandbytes
+    from bitsandbytes.functional import has_avx512bf16
+
+    if not has_avx512bf16():
+        return
+    odd = [(name, module) for name, module in model.named_modules()
+           if isinstance(module, bitsandbytes.nn.Linear4bit) and (module.out_features % 32 or module.in_features % 64)]
+    for _, module in odd:
+        module.support_avx512bf16_for_cpu = False
+    if odd:
+        name, module = odd[0]
+        print(f"warning: {role}.quantization: 4bit: {len(odd)} of the {role}'s 4-bit layers (first {name}, "
+              f"{module.in_features}->{module.out_features}) don't fit bitsandbytes' AVX512-BF16 kernel (outputs a "
+              f"multiple of 32, inputs of 64); they dequantize their weights for each matmul instead, which is slower",
+              file=sys.stderr)
 
 
 def _is_local(model: str) -> bool:
@@ -372,11 +404,15 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     except ValueError as exc:
         raise ModelLoadError(f"{role}.model: '{spec.model}' has a config transformers does not know ({_first_line(exc)}); "
                              f"if it ships its own code and you trust it, set {role}.trust_remote_code: true") from exc
+    language_only = role == "draft" and is_language_model(config.model_type)
     supported = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-    if config.model_type not in supported and not spec.trust_remote_code:
+    if config.model_type not in supported and not language_only and not spec.trust_remote_code:
+        also = " (a draft may also be a causal language model, such as Qwen/Qwen2.5-0.5B-Instruct)" \
+            if role == "draft" else ""
         raise ModelLoadError(
             f"{role}.model: '{spec.model}' is a '{config.model_type}' model, not an image-text-to-text model; "
             f"use a LLaVA-family or Qwen-VL model such as llava-hf/llava-1.5-7b-hf or Qwen/Qwen2.5-VL-7B-Instruct"
+            f"{also}"
         )
     dtype = getattr(torch, spec.dtype)  # one of choices.DTYPES, checked by the profile
     kwargs: dict[str, Any] = dict(common, dtype=dtype)
@@ -386,8 +422,13 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
     elif multi_gpu_ok and device == "cuda" and torch.cuda.device_count() > 1:
         kwargs["device_map"] = "auto"
     try:
-        model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
-        processor = _load_processor(name, common, role, spec.model, fallback_processor, config.model_type)
+        if language_only:
+            model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+            processor, text_tokenizer = None, _load_tokenizer(name, common, role, spec.model)
+        else:
+            model = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
+            processor = _load_processor(name, common, role, spec.model, fallback_processor, config.model_type)
+            text_tokenizer = None
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelLoadError(
             f"CUDA ran out of memory loading the {role} model '{spec.model}'; set {role}.quantization: 4bit or 8bit, "
@@ -408,11 +449,29 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
         if isinstance(exc, OSError):
             raise ModelLoadError(_unreachable_message(role, spec.model, exc)) from exc
         raise
-    processor = with_pixel_bounds(processor, spec, role, fallback_processor)
+    if spec.quantization == "4bit" and device == "cpu":
+        _fit_cpu_4bit_kernel(model, role)
+    if not language_only:
+        processor = with_pixel_bounds(processor, spec, role, fallback_processor)
     if "device_map" not in kwargs:
         model = model.to(device)
     model.eval()
-    return LoadedModel(role=role, name=spec.model, model=model, processor=processor)
+    return LoadedModel(role=role, name=spec.model, model=model, processor=processor, text_tokenizer=text_tokenizer)
+
+
+def is_language_model(model_type: str | None) -> bool:
+    """Whether ``model_type`` is a causal language model with no vision part (a text-only draft can be one)."""
+    auto = transformers.models.auto.modeling_auto
+    return model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+        model_type not in auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def _load_tokenizer(name: str, common: dict, role: str, shown: str) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(name, **common)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"{role}.model: '{shown}' has no usable tokenizer files ({_first_line(exc)}); save its "
+                             f"tokenizer with save_pretrained next to the weights") from exc
 
 
 def with_pixel_bounds(processor: Any, spec: Any, role: str, shared: Any = None) -> Any:
@@ -487,7 +546,7 @@ def _images_only_class(cls: type) -> type:
 def _images_only_from_pretrained(name: str, common: dict, model_type: str) -> Any | None:
     """The model's processor without its video processor, from the same files; None when torchvision is present
     or the processor has no video part (then the ImportError had another cause)."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers import AutoImageProcessor
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
     from transformers.utils import is_torchvision_available
 
@@ -504,20 +563,29 @@ def _images_only_from_pretrained(name: str, common: dict, model_type: str) -> An
                                                       **extra)
 
 
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a target/draft pair whose tokenizers disagree: speculation compares token ids."""
-    if target.image_token_id != draft.image_token_id:
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> VocabularyMatch:
+    """Refuse a target/draft pair whose tokenizers disagree (speculation compares token ids), in one line; the table
+    from the target's ids to the draft's (:mod:`~mmspec_cli.models.vocabulary`: special tokens may differ). A draft
+    that sees images must also write them as the target's image token does."""
+    if not draft.language_only and target.image_token_id != draft.image_token_id:
         raise ModelLoadError(
             f"the target's image placeholder token id ({target.image_token_id}) differs from the draft's "
             f"({draft.image_token_id}); use a draft trained with the target's tokenizer"
         )
-    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-    if t_vocab != d_vocab:
-        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-        raise ModelLoadError(
-            f"target and draft tokenizers differ ({len(t_vocab)} vs {len(d_vocab)} tokens, {differing} entries differ); "
-            f"use a draft trained with the target's tokenizer"
-        )
+    tokenizer = draft.tokenizer
+    substitute = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else newline_token_id(tokenizer)
+    return match_vocabularies(target.tokenizer, tokenizer, target.vocab_size, _rows(draft.model), draft.name,
+                              substitute)
+
+
+def pair_draft(target: LoadedModel, draft: LoadedModel) -> None:
+    """Check ``draft`` against ``target`` (:func:`check_compatible`) and make it read and write the target's ids."""
+    speak_target_ids(draft.model, check_compatible(target, draft))
+
+
+def _rows(model: Any) -> int:
+    """The ids a model can both read and write: the smaller of its embedding's and its LM head's rows."""
+    return min(model.get_input_embeddings().weight.shape[0], model.get_output_embeddings().weight.shape[0])
 
 
 def model_type_on_disk(spec: Any) -> str | None:

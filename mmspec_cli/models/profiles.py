@@ -307,6 +307,9 @@ class DecodingSpec:
     tree_budget: int = _key(_integer(2, MAX_TREE_BUDGET), 30)  # dynamic trees (EAGLE-2; ViSpec's 30, 3, 8)
     tree_depth: int = _key(_integer(1, MAX_GAMMA - 1), 3)
     tree_topk: int = _key(_integer(1, 64), 8)
+    # CTRL's repetition penalty on the target's logits, as its generate applies it; null: the value of the target's
+    # generation_config.json (Qwen2-VL's and Qwen2.5-VL's 1.05), 1.0: none
+    repetition_penalty: float | None = _key(_optional(_number("a number > 0", lambda x: x > 0)), None)
     # the static KV state and compiled steps (decoding/compiled.py); off by default: on this CPU the demo
     # family's compile time outweighs the gain over a run of a few thousand tokens (docs/BENCHMARKS.md)
     compile: bool = _key(_boolean, False)
