@@ -129,9 +129,11 @@ class ToyModel:
 
 
 def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, question: str = QUESTION,
-                images: list | None = None) -> dict:
+                images: list | None = None, repetition_penalty: float = 1.0) -> dict:
     """{(x1, x2): p} for the target's first two sampled tokens, from its own forwards without a cache
-    (``images``: default ``tiny.images(n_images)``)."""
+    (``images``: default ``tiny.images(n_images)``), under transformers' own repetition penalty when one is given."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
     images = tiny.images(n_images) if images is None else images
     text = render_prompt(target.processor, [question], [], len(images))
     prompt = process(target.processor, text, images)
@@ -141,7 +143,8 @@ def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, ques
             types = vision.get("mm_token_type_ids")  # Qwen-VL: one modality per id, text (0) after the prompt
             extra = {} if types is None else {"mm_token_type_ids": torch.nn.functional.pad(types, (0, len(ids) - types.shape[1]))}
             out = target.model(input_ids=torch.tensor([ids]), **{**vision, **extra})
-            return probabilities(out.logits[0, -1], params)
+            logits = RepetitionPenaltyLogitsProcessor(repetition_penalty)(torch.tensor([ids]), out.logits[:, -1])
+            return probabilities(logits[0], params)
 
         p1 = next_probs(prompt.ids)
         return {(a, b): float(p1[a] * p2)

@@ -15,7 +15,7 @@ from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.sampling import SamplingParams
 from mmspec_cli.drafters import build_drafter
 from tests import tiny
-from tests.distributions import ENGINE_RUNS, PARAMS, QUESTION, chi_square_p_value, sampled_pairs
+from tests.distributions import ENGINE_RUNS, PARAMS, QUESTION, chi_square_p_value, exact_joint, sampled_pairs
 
 
 def test_sampled_pairs_follow_the_target_distribution(tiny_models, joint):
@@ -42,3 +42,16 @@ def test_seeded_sampling_is_reproducible(tiny_models):
     third = decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids
     assert first == second
     assert len(first) == 12 and first != third
+
+
+def test_sampling_under_the_targets_repetition_penalty_keeps_its_distribution(tiny_models):
+    """The target's generation_config asks for a repetition penalty (3.0, to matter on 16 outcomes): the first two
+    tokens follow its exact distribution under transformers' own RepetitionPenaltyLogitsProcessor. Measured when
+    written: with the penalty left out of verification, p = 0 (an outcome it makes impossible is drawn)."""
+    target = tiny_models["target"]
+    decoder = SpeculativeDecoder(target, build_drafter("m", target, tiny_models["perturbed"]), gamma=2,
+                                 max_new_tokens=3, sampling=PARAMS, repetition_penalty=3.0)
+    counts, _ = sampled_pairs(decoder, ENGINE_RUNS)
+    expected = exact_joint(target, repetition_penalty=3.0)
+    assert expected != exact_joint(target)  # the penalty changes the distribution
+    assert chi_square_p_value(counts, expected, ENGINE_RUNS) > 1e-3

@@ -155,11 +155,13 @@ def test_the_text_rows_of_an_ensemble_batch_a_language_draft(language):
     assert turn.token_ids == reference(target, [QUESTION], [], 1)
 
 
-def test_sampling_with_a_language_draft_proposes_only_target_ids(language):
-    from mmspec_cli.decoding.sampling import SamplingParams
+def test_sampling_with_a_language_draft_keeps_the_targets_distribution(language, joint):
+    """The moved-ids language draft proposes through the table (its logits reordered, what it lacks at 0): the first
+    two sampled tokens follow the target's exact distribution (``tests/distributions.py``)."""
+    from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
     target, draft = language["target"], language["moved"]
-    turn = speculative_decoder(target, "t", draft, gamma=4, sampling=SamplingParams(1.0), seed=3) \
-        .generate(tiny.images(1), [QUESTION]).turns[0]
-    assert turn.token_ids and max(turn.token_ids) < target.vocab_size
-    assert turn.stats.blocks > 0
+    decoder = speculative_decoder(target, "t", draft, gamma=2, max_new_tokens=3, sampling=PARAMS)
+    counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
+    assert {turn.blocks[0].accepted for turn in turns} >= {0, 1}
+    assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3

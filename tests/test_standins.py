@@ -141,3 +141,16 @@ def test_a_strip_a_qwen_target_cannot_take_is_refused_in_one_line(hub, tmp_path)
     strip().save(path)
     result = cli("generate", str(path), "-q", QUESTION, "--profile", "qwen25-vl-7b", "--max-new-tokens", "4")
     assert_one_line_error(result, "aspect ratio must be smaller than 200")
+
+
+def test_hf_assisted_generation_runs_with_a_language_draft_of_fewer_rows(loaded):
+    """bench's ``hf-assisted`` peer passes both tokenizers where the vocabularies differ (HF's universal assisted
+    decoding), as for Vicuna-68M under LLaVA-1.5-7B: the target's own output comes out."""
+    from mmspec_cli.bench.hf_assisted import assisted_generate
+    from mmspec_cli.models.prompts import render_prompt
+
+    models = loaded["llava15-7b+double7/vicuna-68m"]
+    images = [chart()]
+    prompt = render_prompt(models.target.processor, [QUESTION], [], 1)
+    result = assisted_generate(models.target, models.draft, images, prompt, gamma=3, max_new_tokens=MAX_NEW)
+    assert result.token_ids == own_generate(models.target, [QUESTION], [], 1, images, MAX_NEW)

@@ -93,10 +93,13 @@ def assisted_generate(target: LoadedModel, draft: LoadedModel, images: Sequence[
     batch = target.processor(images=list(images) or None, text=prompt, return_tensors="pt")
     inputs = {k: to_model(v, target.model) for k, v in batch.items()}
     prompt_length = inputs["input_ids"].shape[1]
+    tokenizers = {} if target.vocab_size == draft.vocab_size else \
+        {"tokenizer": target.tokenizer, "assistant_tokenizer": draft.tokenizer}  # HF's universal assisted decoding
     with assistant_settings(draft.model, gamma), ForwardCounter(target.model) as t, ForwardCounter(draft.model) as d:
         out = target.model.generate(
             **inputs, do_sample=False, max_new_tokens=max_new_tokens, assistant_model=draft.model,
             num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+            **tokenizers,
         )
     ids, _ = cut_after_eos(out[0, prompt_length:].tolist(), eos_ids(target))
     text = target.tokenizer.decode(ids, skip_special_tokens=True).strip()
