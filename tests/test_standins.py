@@ -27,7 +27,8 @@ MAX_NEW = 12
 QWEN_MAX_PIXELS = {14: 1280 * 28 * 28, 16: 1280 * 32 * 32}
 #: profile -> the drafter its stand-ins run besides ar; "PROFILE+DRAFT": the profile with another draft model
 PROFILES = {"llava15-7b": "m", "qwen25-vl-7b": "m", "qwen25-vl-7b-text": "t", "qwen3-vl-8b": "m",
-            "qwen25-vl-7b-vispec": "vispec", "llava15-7b+double7/vicuna-68m": "t"}
+            "qwen25-vl-7b-vispec": "vispec", "llava15-7b+double7/vicuna-68m": "t",
+            "qwen3-vl-8b+Qwen/Qwen3-0.6B": "t"}
 
 
 def photo() -> Image.Image:

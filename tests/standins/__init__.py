@@ -75,6 +75,9 @@ STANDINS = (
     StandIn("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-8B-Instruct", shared=QWEN_TOKENIZER,
             made="config.json is the 8B's (its max_position_embeddings 8192 looks edited by the repository that "
                  "vendors it); processor, template, tokenizer and generation files are Qwen3-VL-4B-Instruct's"),
+    StandIn("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B", kind="causal-lm", shared=QWEN_TOKENIZER,
+            near="Qwen/Qwen3-VL-8B-Instruct",
+            made="no public copy of its files: Qwen3-4B's (the same family, tokenizer and template; tied in both)"),
     StandIn("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", shared=QWEN_TOKENIZER,
             near="Qwen/Qwen3-VL-8B-Instruct",
             made="no public copy of its files: Qwen3-VL-4B-Instruct's (the same tokenizer, template and processor; "
