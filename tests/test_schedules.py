@@ -168,6 +168,23 @@ def test_cost_schedule_drafts_gamma_first_then_the_best_length_and_is_constant_w
     assert without.length(64) == 4
 
 
+def test_a_blocks_overhead_beyond_its_price_favours_longer_drafts():
+    """O, what blocks took beyond their forwards' price, is a fixed cost per block: at α = 0.8 on LINEAR, γ = 3 with
+    none (test above), longer with 10 ms; the turn's first block (the prompt's prefill) is left out of O."""
+    assert best_gamma(LINEAR, 64, 0.8, overhead_ms=10.0) == 5
+    assert 1 <= best_gamma(LINEAR, 64, 0.8, overhead_ms=-1000.0) <= LINEAR.gamma_max  # a price held above zero
+    schedule = GammaSchedule("cost", 4, costs=LINEAR)
+    schedule.update(drafted=4, accepted=4, measured_ms=500.0, context=64)  # the first block: the prefill's
+    assert schedule.overhead.ms == 0.0
+    schedule.update(drafted=4, accepted=0, measured_ms=block_ms(LINEAR, 64, 4) + 10.0, context=64)
+    schedule.update(drafted=3, accepted=1, measured_ms=block_ms(LINEAR, 64, 3) + 20.0, context=64)
+    assert schedule.overhead.ms == pytest.approx(15.0)
+    assert schedule.length(64) == best_gamma(LINEAR, 64, schedule.acceptance.alpha,
+                                             expected=schedule.acceptance.expected, overhead_ms=15.0)
+    assert schedule.length(64) > best_gamma(LINEAR, 64, schedule.acceptance.alpha,
+                                            expected=schedule.acceptance.expected)
+
+
 @pytest.mark.parametrize("drafter", ["m", "tabed"])
 def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, drafter):
     """Verification priced at 10 ms per token makes γ = 1 the best after the first block (E[τ] / (γ + 1) falls with

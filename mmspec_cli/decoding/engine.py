@@ -197,9 +197,11 @@ class SpeculativeDecoder:
         schedule = GammaSchedule(self.gamma_schedule, self.gamma, self.max_length, costs=costs)
         while not output.finished and len(output.tokens) < max_new_tokens:
             room = max_new_tokens - len(output.tokens) - 1  # the target adds one token after the drafts
-            gamma = self.step.length(schedule.length(len(prompt.ids) + len(output.tokens)), room)
+            context = len(prompt.ids) + len(output.tokens)
+            gamma = self.step.length(schedule.length(context), room)
             outcome = self.step.run(prompt, output.tokens, gamma, picker)
-            schedule.update(len(outcome.draft), outcome.verdict.accepted)
+            schedule.update(len(outcome.draft), outcome.verdict.accepted,
+                            1000 * (outcome.draft_s + outcome.verify_s + outcome.update_s), context)
             block = output.add(outcome)
             with clock.paused():  # the consumer's time (rendering) is not decoding
                 yield block

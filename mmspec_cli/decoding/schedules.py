@@ -14,11 +14,14 @@
   sets d(0) = 5, so d ∈ {5, …, 15}). d is in [d(0), d(0) + 10]. For LLaVA-1.5 (N = 4096) the
   sigmoid is below 0.1 while t < ~1830, so short answers draft d(0) (+0) tokens per block.
 - ``cost``: the γ that maximises the expected tokens per millisecond of a block,
-      E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1)),
+      E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1) + O),
   from the step costs ``mmspec profile-latency`` measured on this machine (:class:`StepCosts`; the verification of
   γ + 1 tokens as measured, not priced as one step) and the acceptance α seen so far in the turn
-  (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, which keeps how acceptance comes in runs). The
-  first block of a turn, before any evidence, drafts the profile's γ. γ is in
+  (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, which keeps how acceptance comes in runs). O is what
+  the turn's blocks took beyond that price, on average (:class:`BlockOverhead`): the engine's own work around the
+  forwards, and how far the isolated step timings of ``profile-latency`` are from the steps inside a block; a
+  block's fixed cost favours longer drafts, which no step cost holds. The first block of a turn, before any
+  evidence, drafts the profile's γ. γ is in
   [1, γ_max] with γ_max = the largest token count whose verification was measured, minus one (so verifying
   γ_max + 1 tokens is a measured cost, never an extrapolated one; the default grid 1, 3, 5, 7 gives γ_max = 6,
   ``profile-latency --gammas 1,3,5,7,9`` allows 8). Without step costs it is ``constant``.
@@ -133,17 +136,20 @@ def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
 
 
 def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None,
-               expected: Callable[[int], float] | None = None) -> int:
+               expected: Callable[[int], float] | None = None, overhead_ms: float = 0.0) -> int:
     """The γ in [1, γ_max] maximising the expected tokens per ms of a block,
-    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1)) (E[τ] over :func:`block_ms`); ties go to the shorter draft. E[τ(γ)] is
-    ``expected(γ)`` when given (the turn's observed acceptance: :meth:`AcceptanceEstimate.expected`), else
-    :func:`expected_tokens` at ``alpha``. ``gamma_max``: by default ``costs.gamma_max``."""
+    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1) + O) (E[τ] over :func:`block_ms` plus ``overhead_ms``, O: a block's cost
+    beyond its forwards' price, :class:`BlockOverhead`; the price is kept above 1% of the verification's when O is
+    negative); ties go to the shorter draft. E[τ(γ)] is ``expected(γ)`` when given (the turn's observed acceptance:
+    :meth:`AcceptanceEstimate.expected`), else :func:`expected_tokens` at ``alpha``. ``gamma_max``: by default
+    ``costs.gamma_max``."""
     top = costs.gamma_max if gamma_max is None else gamma_max
     curve, step = costs.verify_curve(seq), costs.draft(seq)  # block_ms, with the S interpolation done once
     tokens = expected if expected is not None else (lambda gamma: expected_tokens(alpha, gamma))
     best, best_rate = 1, -1.0
     for gamma in range(1, max(1, top) + 1):
-        rate = tokens(gamma) / (gamma * step + interpolate(curve, gamma + 1))
+        verify = interpolate(curve, gamma + 1)
+        rate = tokens(gamma) / max(gamma * step + verify + overhead_ms, 0.01 * verify)
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = gamma, rate
     return best
@@ -203,6 +209,23 @@ class AcceptanceEstimate:
         return 1.0 + (kept + tail) / self.blocks
 
 
+@dataclass
+class BlockOverhead:
+    """O of the cost schedule: the mean, over a turn's blocks after its first (which also fed the prompt), of a
+    block's measured time minus its price (:func:`block_ms` at the γ it drafted). 0 before such a block."""
+
+    total_ms: float = 0.0
+    blocks: int = 0
+
+    def add(self, measured_ms: float, priced_ms: float) -> None:
+        self.total_ms += measured_ms - priced_ms
+        self.blocks += 1
+
+    @property
+    def ms(self) -> float:
+        return self.total_ms / self.blocks if self.blocks else 0.0
+
+
 def check_schedule(name: str) -> str:
     if name not in SCHEDULES:
         raise InputError(f"unknown gamma schedule '{name}'; use one of {', '.join(SCHEDULES)}")
@@ -223,17 +246,24 @@ class GammaSchedule:
         check_schedule(self.name)
         self.current = self.gamma
         self.acceptance = AcceptanceEstimate()
+        self.overhead = BlockOverhead()
+        self.blocks = 0  # blocks seen this turn
 
     def length(self, context: int) -> int:
         """γ for the next block, with ``context`` tokens (prompt + generated) before it."""
         if self.name == "fastvlm":
             return fastvlm_length(self.gamma, context, self.max_length)
         if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
-            return best_gamma(self.costs, context, self.acceptance.alpha, expected=self.acceptance.expected)
+            return best_gamma(self.costs, context, self.acceptance.alpha, expected=self.acceptance.expected,
+                              overhead_ms=self.overhead.ms)
         return self.current
 
-    def update(self, drafted: int, accepted: int) -> None:
-        """Learn from the block just verified (``heuristic`` its next γ, ``cost`` the acceptance)."""
+    def update(self, drafted: int, accepted: int, measured_ms: float | None = None, context: int = 0) -> None:
+        """Learn from the block just verified (``heuristic`` its next γ, ``cost`` the acceptance and, from the block's
+        ``measured_ms`` after ``context`` tokens, its overhead)."""
         if self.name == "heuristic":
             self.current = heuristic_next(self.current, drafted, accepted, self.gamma)
         self.acceptance.add(drafted, accepted)
+        self.blocks += 1
+        if self.name == "cost" and self.costs is not None and measured_ms is not None and self.blocks > 1:
+            self.overhead.add(measured_ms, block_ms(self.costs, context, drafted))
