@@ -187,7 +187,8 @@ def head_spec(profile: Profile, kind: str) -> HeadSpec:
 #: with the value that leaves them off
 UNAPPLIED_GENERATION = {"no_repeat_ngram_size": 0, "min_new_tokens": None, "min_length": 0, "bad_words_ids": None,
                         "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
-                        "forced_bos_token_id": None, "forced_eos_token_id": None}
+                        "forced_bos_token_id": None, "forced_eos_token_id": None,
+                        "exponential_decay_length_penalty": None, "watermarking_config": None}
 
 
 def unapplied_generation_settings(generation_config: Any) -> dict[str, Any]:

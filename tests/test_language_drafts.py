@@ -165,3 +165,22 @@ def test_sampling_with_a_language_draft_keeps_the_targets_distribution(language,
     counts, turns = sampled_pairs(decoder, ENGINE_RUNS)
     assert {turn.blocks[0].accepted for turn in turns} >= {0, 1}
     assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
+
+
+def test_a_target_id_the_draft_lacks_gets_no_logit_even_from_a_wider_head():
+    """The table's rows are what the draft both reads and writes; a head wider than the embedding still gives the
+    ids the draft lacks -inf, never one of its extra rows' logits."""
+    from mmspec_cli.models.vocabulary import VocabularyMatch
+
+    head = torch.nn.Linear(4, 12, bias=False)
+    match = VocabularyMatch(to_draft=torch.tensor([0, 1, NO_TOKEN, 3, NO_TOKEN]), draft_rows=10, substitute=0,
+                            moved=0, lacking=2)
+    logits = TargetIdLogits(head, match)(torch.randn(3, 4))
+    assert logits.shape == (3, 5) and torch.isinf(logits[:, [2, 4]]).all() and torch.isfinite(logits[:, [0, 1, 3]]).all()
+
+
+def test_pairing_a_draft_twice_leaves_its_table_as_it_was(language):
+    target, moved = language["target"], language["moved"]
+    embedding, head = moved.model.get_input_embeddings(), moved.model.get_output_embeddings()
+    pair_draft(target, moved)  # the fixture paired it once
+    assert moved.model.get_input_embeddings() is embedding and moved.model.get_output_embeddings() is head

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from mmspec_cli.api import ModelSet
 from mmspec_cli.models.profiles import load_profile
-from tests.helpers import assert_one_line_error, cli, own_generate
+from tests.helpers import assert_one_line_error, cli, own_generate, speculative_decoder
 from tests.standins import STANDINS, build_hub_cache
 
 QUESTION = "What does the image show?"
@@ -100,6 +100,19 @@ def test_every_drafter_of_a_profile_gives_its_standins_own_generate(loaded, name
         assert turn.token_ids == own, (name, drafter, count)
 
 
+def test_qwen25_05b_reads_the_7bs_extra_rows_as_its_newline(loaded):
+    """Qwen2.5-0.5B-Instruct has Qwen2.5-VL-7B's tokenizer but 128 embedding rows fewer: those target ids are read
+    as its newline token (it has no unk), every other id as itself."""
+    from mmspec_cli.models.vocabulary import TargetIdEmbedding
+
+    models = loaded["qwen25-vl-7b-text"]
+    embedding = models.draft.model.get_input_embeddings()
+    newline = models.draft.tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
+    assert isinstance(embedding, TargetIdEmbedding) and len(embedding.draft_ids) == 152064
+    assert (embedding.draft_ids[151936:] == newline).all()
+    assert (embedding.draft_ids[:151936] == torch.arange(151936)).all()
+
+
 def test_a_vicuna_drafts_for_llava_through_the_table_of_ids(loaded):
     """Vicuna's tokenizer lacks LLaVA's <image> and <pad>, and its embedding LLaVA's 64 padding rows: the draft reads
     those target ids as its unk token (the decoding test above gives the target's own output)."""
@@ -155,3 +168,26 @@ def test_hf_assisted_generation_runs_with_a_language_draft_of_fewer_rows(loaded)
     prompt = render_prompt(models.target.processor, [QUESTION], [], 1)
     result = assisted_generate(models.target, models.draft, images, prompt, gamma=3, max_new_tokens=MAX_NEW)
     assert result.token_ids == own_generate(models.target, [QUESTION], [], 1, images, MAX_NEW)
+
+
+def test_a_qwen3_language_draft_drafts_token_trees(loaded):
+    """Qwen3's decoder takes a custom 4-D mask like Qwen2's: the Qwen3-0.6B stand-in drafts width and dynamic
+    trees for Qwen3-VL-8B's, with the target's own output."""
+    models = loaded["qwen3-vl-8b+Qwen/Qwen3-0.6B"]
+    images = [photo()]
+    own = own_generate(models.target, [QUESTION], [], 1, images, MAX_NEW)
+    for tree in ({"tree_width": 2}, {"tree": "dynamic", "tree_budget": 8, "tree_depth": 3, "tree_topk": 2}):
+        decoder = speculative_decoder(models.target, "t", models.draft, gamma=3, max_new_tokens=MAX_NEW, **tree)
+        assert decoder.generate(images, [QUESTION]).turns[0].token_ids == own, tree
+
+
+def test_hf_assisted_refuses_a_language_draft_of_the_targets_vocabulary_size(loaded):
+    """transformers would hand Qwen3-0.6B the Qwen3-VL target's image inputs (they share 151,936 rows): refused in
+    one line before any sample runs."""
+    from mmspec_cli.bench.peers import HfAssistedPeer
+    from mmspec_cli.errors import InputError
+
+    models = loaded["qwen3-vl-8b+Qwen/Qwen3-0.6B"]
+    with pytest.raises(InputError, match="hf-assisted can't run the language-only draft"):
+        HfAssistedPeer.check_models(models.target, models.draft)
+    HfAssistedPeer.check_models(loaded["qwen25-vl-7b"].target, loaded["qwen25-vl-7b"].draft)  # a VL draft runs

@@ -87,19 +87,22 @@ def assistant_settings(draft_model: Any, gamma: int) -> Iterator[None]:
 
 @torch.inference_mode()
 def assisted_generate(target: LoadedModel, draft: LoadedModel, images: Sequence[Any], prompt: str, gamma: int,
-                      max_new_tokens: int) -> AssistedResult:
-    """Greedy assisted generation of one turn whose prompt text is ``prompt`` (one placeholder per image)."""
+                      max_new_tokens: int, repetition_penalty: float | None = None) -> AssistedResult:
+    """Greedy assisted generation of one turn whose prompt text is ``prompt`` (one placeholder per image);
+    ``repetition_penalty``: a profile's override of the target's generation_config (None: its own)."""
     start = time.perf_counter()
     batch = target.processor(images=list(images) or None, text=prompt, return_tensors="pt")
     inputs = {k: to_model(v, target.model) for k, v in batch.items()}
     prompt_length = inputs["input_ids"].shape[1]
-    tokenizers = {} if target.vocab_size == draft.vocab_size else \
+    options = {} if target.vocab_size == draft.vocab_size else \
         {"tokenizer": target.tokenizer, "assistant_tokenizer": draft.tokenizer}  # HF's universal assisted decoding
+    if repetition_penalty is not None:
+        options["repetition_penalty"] = repetition_penalty
     with assistant_settings(draft.model, gamma), ForwardCounter(target.model) as t, ForwardCounter(draft.model) as d:
         out = target.model.generate(
             **inputs, do_sample=False, max_new_tokens=max_new_tokens, assistant_model=draft.model,
             num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-            **tokenizers,
+            **options,
         )
     ids, _ = cut_after_eos(out[0, prompt_length:].tolist(), eos_ids(target))
     text = target.tokenizer.decode(ids, skip_special_tokens=True).strip()

@@ -27,9 +27,22 @@ class HfAssistedPeer:
     name = HF_ASSISTED
     members: tuple[str, ...] = ()
 
-    def __init__(self, target: Any, draft: Any, gamma: int, max_new_tokens: int):
+    def __init__(self, target: Any, draft: Any, gamma: int, max_new_tokens: int,
+                 repetition_penalty: float | None = None):
         self.target, self.draft = target, draft
         self.gamma, self.max_new_tokens = gamma, max_new_tokens
+        self.repetition_penalty = repetition_penalty  # the profile's override; None: the target's generation_config
+
+    @staticmethod
+    def check_models(target: Any, draft: Any) -> None:
+        """Refuse a language-only draft with the target's vocabulary size: transformers then runs plain assisted
+        decoding and hands the target's image inputs to the language model, which refuses them (5.24), and with
+        both tokenizers it refuses universal assisted decoding for one tokenizer. (Sizes that differ run as
+        universal assisted decoding: :func:`~.hf_assisted.assisted_generate`.)"""
+        if draft.language_only and target.vocab_size == draft.vocab_size:
+            raise InputError(f"hf-assisted can't run the language-only draft '{draft.name}' beside this target: "
+                             f"transformers hands it the target's image inputs; drop hf-assisted, or use a "
+                             f"vision-language draft")
 
     @staticmethod
     def check_profile(profile: Any) -> None:
@@ -60,7 +73,7 @@ class HfAssistedPeer:
         from mmspec_cli.bench.hf_assisted import assisted_generate  # torch: only when a peer runs
 
         yield from ()  # no events inside a turn: HF reports no blocks
-        out = assisted_generate(self.target, self.draft, images, text, self.gamma, limit)
+        out = assisted_generate(self.target, self.draft, images, text, self.gamma, limit, self.repetition_penalty)
         stats = RunStats(new_tokens=len(out.token_ids), blocks=out.target_calls, drafted=0, accepted=0,
                          wall_s=out.wall_s)
         return TurnResult(question=question, text=out.text, token_ids=out.token_ids, stats=stats)
@@ -74,4 +87,6 @@ def bench_decoder(models: Any, name: str, gamma: int, max_new_tokens: int, recor
     """A fresh decoder for a bench row: a peer by its name, else the engine with drafter ``name`` (``recorded``:
     what ``oracle`` replays, ``ar``'s token ids per turn)."""
     peer = PEERS.get(name)
-    return peer(models.target, models.draft, gamma, max_new_tokens) if peer else models.decoder(name, recorded=recorded)
+    if peer is None:
+        return models.decoder(name, recorded=recorded)
+    return peer(models.target, models.draft, gamma, max_new_tokens, models.profile.decoding.repetition_penalty)

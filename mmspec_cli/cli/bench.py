@@ -311,6 +311,9 @@ def _load(profile: Profile, names: list[str]):
     if any(n in PEERS for n in names) and models.draft is None:
         models.draft = load_model(profile.draft, "draft")
         pair_draft(models.target, models.draft)
+    for name in names:
+        if name in PEERS:
+            PEERS[name].check_models(models.target, models.draft)
     return models
 
 

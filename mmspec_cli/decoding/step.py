@@ -26,7 +26,7 @@ from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape,
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
-from mmspec_cli.decoding.sampling import TokenPicker, penalize_repeats, seen_rows
+from mmspec_cli.decoding.sampling import TokenPicker, penalize_repeats, seen_rows, working_dtype
 from mmspec_cli.decoding.timing import Laps
 from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, rooted_values, split_rooted, unrooted
 from mmspec_cli.decoding.verify import (Verdict, verify_any_tree_greedy, verify_any_tree_sampling, verify_greedy,
@@ -162,13 +162,17 @@ class BlockStep:
         are gathered once a turn, then only the new ones."""
         if self.repetition_penalty == 1.0:
             return logits
+        vocab = logits.shape[-1]
         if self.seen is None:
-            self.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            self.seen[torch.tensor(prompt.ids, device=logits.device)] = True
+            self.seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+            ids = torch.tensor(prompt.ids, device=logits.device)
+            self.seen[ids[ids < vocab]] = True  # an id past the LM head's rows (an image placeholder) has no logit
             self.seen_generated = 0
         if len(generated) > self.seen_generated:
             self.seen[torch.tensor(generated[self.seen_generated:], device=logits.device)] = True
             self.seen_generated = len(generated)
+        # in float32 at least, as generate casts logits before its processors: a bfloat16 quotient ties where it would not
+        logits = logits.to(working_dtype(logits))
         return penalize_repeats(logits, seen_rows(self.seen, tokens, parents), self.repetition_penalty)
 
     def _follow_width(self, tree: TreeDraft, logits: torch.Tensor, picker: TokenPicker):

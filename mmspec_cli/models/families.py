@@ -37,7 +37,7 @@ class LlavaFamily:
 
     name = "llava"
     #: text decoders (``get_text_config().model_type``) that take a prepared 4-D additive mask
-    tree_decoders: tuple[str, ...] = ("llama", "mistral", "qwen2")
+    tree_decoders: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
     #: whether batched draft rows (``drafters/rows.py``) give the model ids and its processor tensors, for its own
     #: forward to embed the images; False: mmspec embeds them (LLaVA-1.5 drafts, whose patch grid pooled rows pool)
     model_embeds_row_images = False

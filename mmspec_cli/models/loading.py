@@ -574,12 +574,18 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> VocabularyMatch
         )
     tokenizer = draft.tokenizer
     substitute = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else newline_token_id(tokenizer)
-    return match_vocabularies(target.tokenizer, tokenizer, target.vocab_size, _rows(draft.model), draft.name,
-                              substitute)
+    match = match_vocabularies(target.tokenizer, tokenizer, target.vocab_size, _rows(draft.model), draft.name,
+                               substitute)
+    if match.moved and not draft.language_only:  # its own processor writes its prompt views in its own ids
+        raise ModelLoadError(f"draft.model: '{draft.name}' writes {match.moved} special tokens at other ids than the "
+                             f"target's tokenizer, and a vision-language draft tokenizes its image views itself; "
+                             f"use a draft trained with the target's tokenizer")
+    return match
 
 
 def pair_draft(target: LoadedModel, draft: LoadedModel) -> None:
-    """Check ``draft`` against ``target`` (:func:`check_compatible`) and make it read and write the target's ids."""
+    """Check ``draft`` against ``target`` (:func:`check_compatible`) and make it read and write the target's ids
+    (once: a draft already paired is left as it is)."""
     speak_target_ids(draft.model, check_compatible(target, draft))
 
 

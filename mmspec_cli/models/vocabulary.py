@@ -130,7 +130,8 @@ class TargetIdLogits(torch.nn.Module):
     def __init__(self, head: torch.nn.Module, match: VocabularyMatch):
         super().__init__()
         self.head = head
-        columns = match.to_draft.where(match.to_draft != NO_TOKEN, torch.tensor(match.draft_rows))
+        never = head.weight.shape[0]  # the column appended after the head's own rows, -inf
+        columns = match.to_draft.where(match.to_draft != NO_TOKEN, torch.tensor(never))
         self.register_buffer("columns", columns.to(head.weight.device), persistent=False)
 
     @property
@@ -144,7 +145,12 @@ class TargetIdLogits(torch.nn.Module):
 
 
 def speak_target_ids(model: Any, match: VocabularyMatch) -> None:
-    """Make ``model`` (the draft) read and write target ids, where the table says they differ."""
+    """Make ``model`` (the draft) read and write target ids, where the table says they differ. The wrappers expose
+    the draft's own matrices as ``weight`` (its rows, dtype and device); transformers' ``tie_weights`` must not be
+    called on a model that has them. A model that already reads target ids is left as it is."""
+    if isinstance(model.get_input_embeddings(), TargetIdEmbedding) or \
+            isinstance(model.get_output_embeddings(), TargetIdLogits):
+        return
     if match.reads_other_ids:
         model.set_input_embeddings(TargetIdEmbedding(model.get_input_embeddings(), match))
     if match.writes_other_ids:

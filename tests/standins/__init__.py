@@ -49,6 +49,7 @@ class StandIn:
     shared: tuple[str, ...] = ()
     made: str = ""
     near: str | None = None  # a draft: its weights are ``near``'s (built before it) plus noise, where shapes agree
+    values: tuple[tuple[str, object], ...] = ()  # config values set here before shrinking (said in ``made``)
 
 
 STANDINS = (
@@ -65,8 +66,11 @@ STANDINS = (
             near="Qwen/Qwen2.5-VL-7B-Instruct"),
     StandIn("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", kind="causal-lm", shared=QWEN_TOKENIZER,
             near="Qwen/Qwen2.5-VL-7B-Instruct",
-            made="no public copy of its files: Qwen2.5-7B-Instruct's (the same family and tokenizer; tie_word_"
-                 "embeddings false there, true in the 0.5B)"),
+            values=(("vocab_size", 151936), ("tie_word_embeddings", True), ("max_position_embeddings", 32768),
+                    ("max_window_layers", 21)),
+            made="no public copy of its files: Qwen2.5-7B-Instruct's (the same family and tokenizer), with the "
+                 "0.5B's own vocab_size 151936 (128 rows fewer than the 7B VL target's), tie_word_embeddings true, "
+                 "max_position_embeddings and max_window_layers, from a re-saved copy of its config"),
     StandIn("JLKang/ViSpec-Qwen2.5-VL-7B-Instruct", "JLKang/ViSpec-Qwen2.5-VL-7B-Instruct", kind="vispec-head",
             near="Qwen/Qwen2.5-VL-7B-Instruct",
             made="config.json is ViSpec's own training config for this head (vispec/train/ in ViSpec's repository; "
@@ -266,6 +270,7 @@ def build_hub_cache(cache: Path, repos: tuple[str, ...] | None = None) -> Path:
         if standin.repo == "double7/vicuna-68m":
             _llama_tokenizer_without_llava_tokens(snapshot / "tokenizer.json")
         config = json.loads((FILES / standin.folder / "config.json").read_text())
+        config.update(standin.values)
         (snapshot / "config.json").write_text(json.dumps(shrink_config(config), indent=2))
         if standin.kind == "vispec-head":
             _write_vispec_head(snapshot, seed, built[standin.near])
