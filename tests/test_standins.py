@@ -191,3 +191,16 @@ def test_hf_assisted_refuses_a_language_draft_of_the_targets_vocabulary_size(loa
     with pytest.raises(InputError, match="hf-assisted can't run the language-only draft"):
         HfAssistedPeer.check_models(models.target, models.draft)
     HfAssistedPeer.check_models(loaded["qwen25-vl-7b"].target, loaded["qwen25-vl-7b"].draft)  # a VL draft runs
+
+
+def test_sampling_with_a_language_draft_keeps_the_standins_distribution(loaded):
+    """Vicuna-68M samples drafts for LLaVA-1.5-7B's stand-in through the table of ids: the first two tokens of
+    seeded runs follow the target's exact distribution (top-k 4; ``tests/distributions.py``)."""
+    from tests.distributions import PARAMS, chi_square_p_value, exact_joint, sampled_pairs
+
+    models = loaded["llava15-7b+double7/vicuna-68m"]
+    images = [chart()]
+    decoder = speculative_decoder(models.target, "t", models.draft, gamma=2, max_new_tokens=3, sampling=PARAMS)
+    counts, _ = sampled_pairs(decoder, 200, question=QUESTION, images=images)
+    expected = exact_joint(models.target, question=QUESTION, images=images)
+    assert chi_square_p_value(counts, expected, 200) > 1e-3
