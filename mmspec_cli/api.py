@@ -30,7 +30,8 @@ from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
 from mmspec_cli.models.imitation import load_imitation
-from mmspec_cli.models.loading import LoadedModel, is_language_model, load_model, model_type_on_disk, pair_draft
+from mmspec_cli.models.loading import (LoadedModel, check_tokenizer_files, is_language_model, load_model,
+                                       model_type_on_disk, pair_draft)
 from mmspec_cli.models.profiles import HeadSpec, Profile, apply_overrides, load_profile
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.threads import ENV as THREADS_ENV, ThreadChoice, apply_threads, check_count
@@ -81,6 +82,8 @@ class ModelSet:
             require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
         check_compilable_profile(profile, any(p.needs_draft for p in plans))
+        if any(p.needs_draft for p in plans) and profile.draft is not None:
+            check_tokenizer_files(profile.target, profile.draft)  # another tokenizer: refused before any weights
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         warn_unapplied_generation(models.target)
         if threads is not None:

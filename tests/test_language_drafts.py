@@ -184,3 +184,12 @@ def test_pairing_a_draft_twice_leaves_its_table_as_it_was(language):
     embedding, head = moved.model.get_input_embeddings(), moved.model.get_output_embeddings()
     pair_draft(target, moved)  # the fixture paired it once
     assert moved.model.get_input_embeddings() is embedding and moved.model.get_output_embeddings() is head
+
+
+def test_a_draft_with_another_tokenizer_is_refused_before_any_weights_load(tiny_dirs, language_dirs, tmp_path,
+                                                                         no_model_loading):
+    """The two models' tokenizer and config files decide it: one line, exit 2, and no model loaded."""
+    profile = write_profile(tmp_path / "p.yaml", tiny_dirs["target"], language_dirs["foreign"])
+    image = save_images(tmp_path, 1)[0]
+    result = cli("generate", image, "-q", QUESTION, "--profile", profile, "--drafter", "t")
+    assert_one_line_error(result, "has another tokenizer than the target's")

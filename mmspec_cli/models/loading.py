@@ -583,6 +583,24 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> VocabularyMatch
     return match
 
 
+def check_tokenizer_files(target: Any, draft: Any) -> None:
+    """Refuse a draft whose tokenizer can't be mapped onto the target's (:func:`match_vocabularies`) from the two
+    models' tokenizer and config files alone, before any weights load (``target``, ``draft``: profile specs). Where
+    either can't be read without loading (a draft that borrows the target's processor, a model not on this machine
+    and no hub), nothing is said here: :func:`check_compatible` checks the loaded pair."""
+    sources = []
+    for role, spec in (("target", target), ("draft", draft)):
+        try:
+            name = _hub_source(role, model_location(spec.model), spec.revision)
+            common = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+            rows = AutoConfig.from_pretrained(name, **common).get_text_config().vocab_size
+            sources.append((AutoTokenizer.from_pretrained(name, **common), int(rows)))
+        except Exception:  # unreadable here: the loader says why, in its words, or the loaded pair is checked
+            return
+    (target_tokenizer, target_rows), (draft_tokenizer, draft_rows) = sources
+    match_vocabularies(target_tokenizer, draft_tokenizer, target_rows, draft_rows, draft.model, substitute=0)
+
+
 def pair_draft(target: LoadedModel, draft: LoadedModel) -> None:
     """Check ``draft`` against ``target`` (:func:`check_compatible`) and make it read and write the target's ids
     (once: a draft already paired is left as it is)."""
