@@ -3,12 +3,12 @@
 - ``m`` multimodal (TABED §4): the images through the draft's vision tower, and the text;
 - ``t`` text-only (Gagrani; TABED App. I.2): each image becomes one newline token;
 - ``c`` caption (TABED §6.1, App. I.2): each image becomes the tokens of "image: <caption>";
-
-``t`` and ``c`` are tokenized by the target's tokenizer (the prompt is the target's text, and the draft reads target
-ids: a language-only draft's tokenizer lacks the target's image tokens);
 - ``p`` pooled (TABED §6.1; IbED §5.1): the images with vision features average-pooled
   ``kernel``×``kernel`` in their patch grid, the placeholder run shrunk to match (576 -> 144; a
   Qwen-VL image in its own merged grid, so each image keeps about a quarter of its tokens).
+
+``t`` and ``c`` are tokenized by the target's tokenizer: the prompt is the target's text, and the draft reads target
+ids (a language-only draft's tokenizer lacks the target's image tokens; :mod:`~mmspec_cli.models.vocabulary`).
 """
 
 from __future__ import annotations
