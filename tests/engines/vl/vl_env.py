@@ -28,6 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/engines: its venv builder
+from vllm_env import built_venv  # noqa: E402
+
 #: beside the repository's own .venv (git ignores it), as tests/engines/vllm_env.py keeps .venv-vllm
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / ".venv-vllm-vl"
 
@@ -40,10 +43,6 @@ CHECK = ("import torch, torchvision, vllm, transformers.models.qwen2_vl.video_pr
          "print(torch.__version__, torchvision.__version__, vllm.__version__)")
 
 
-def python_of(path: Path) -> Path:
-    return path / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-
-
 def pypi_only_env() -> dict:
     """The environment with no pip configuration file and no find-links: PyPI and the index files only."""
     env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
@@ -53,21 +52,15 @@ def pypi_only_env() -> dict:
 
 def ensure_venv(path: Path = DEFAULT_PATH, python: str = sys.executable) -> Path:
     """Return the venv's python, building the venv first unless its marker says it is finished."""
-    path = Path(path).absolute()
-    py = python_of(path)
-    marker = path / MARKER
-    if marker.exists() and py.exists():
-        return py
-    if not py.exists():
-        subprocess.run([python, "-m", "venv", str(path)], check=True)
-    pip = [str(py), "-m", "pip"]
-    subprocess.run([*pip, "install", VLLM_REQUIREMENT], check=True)
-    subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", *TORCH], check=True, env=pypi_only_env())
-    subprocess.run([*pip, "install", *TORCH], check=True, env=pypi_only_env())  # torch's CUDA libraries
-    subprocess.run([*pip, "uninstall", "-y", *UNUSED], check=True)
-    subprocess.run([str(py), "-c", CHECK], check=True)  # fails loudly if still broken
-    marker.write_text(VLLM_REQUIREMENT + " " + " ".join(TORCH) + "\n")
-    return py
+    def build(py: str) -> None:
+        pip = [py, "-m", "pip"]
+        subprocess.run([*pip, "install", VLLM_REQUIREMENT], check=True)
+        subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", *TORCH], check=True, env=pypi_only_env())
+        subprocess.run([*pip, "install", *TORCH], check=True, env=pypi_only_env())  # torch's CUDA libraries
+        subprocess.run([*pip, "uninstall", "-y", *UNUSED], check=True)
+        subprocess.run([py, "-c", CHECK], check=True)  # fails loudly if still broken
+
+    return built_venv(path, python, MARKER, build, VLLM_REQUIREMENT + " " + " ".join(TORCH))
 
 
 if __name__ == "__main__":
