@@ -95,7 +95,7 @@ class EnsembleDrafter(Drafter):
 
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         self._weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
-        weights = [float(w) for w in self._weights]
+        weights = self._weights.tolist()
         if shape.tree:
             tree = self.trees.draft(verified, shape, picker)
             self._block_q = None

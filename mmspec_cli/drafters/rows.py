@@ -178,10 +178,18 @@ class BatchedRows:
     """The KV cache of a batch of rows: left-padded prefixes, then shared tokens fed to all rows.
 
     At a turn's start, :meth:`begin` and :meth:`logits` keep what an earlier turn left (the one prefix
-    search); in a block, :meth:`extend` and :meth:`rollback` speak in lengths."""
+    search); in a block, :meth:`extend` and :meth:`rollback` speak in lengths.
+
+    Which keys a row sees is kept as the additive mask a decode step passes, ``keys`` (B, 1, 1, width): 0 at the
+    row's real positions held (its prefix after the left padding, then the shared tokens), the dtype's minimum
+    elsewhere. Feeding shares one more column, rolling back hides columns again: a step slices the buffer instead
+    of building a mask from the 2-D one, and a row's position is its ``origin`` (minus its padding) plus the
+    column it is fed at."""
 
     def __init__(self, model, image_token_id: int | None, kv: str = "dynamic"):
         self.model = model
+        self.device, self.dtype = model.device, model.dtype  # transformers finds both from the parameters: each call
+        self.attention = model.config._attn_implementation
         self.image_token_id = image_token_id
         self.family = family_of(model)
         self.positions = self.family.positions()  # after the prefixes: each row's rope offset (B, 1) for M-RoPE
@@ -194,8 +202,10 @@ class BatchedRows:
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (rows_step)
         self.use_kv(kv)
-        self.mask = torch.zeros(0, 0, dtype=torch.long)
-        self.padding = torch.zeros(0, 1, dtype=torch.long)  # (B, 1) each row's left padding: only it is masked
+        self.length = 0  # columns held: the padded prefixes and the shared tokens
+        self.keys = torch.zeros(0, 1, 1, 0, dtype=self.dtype)  # (B, 1, 1, width) additive: which keys each row sees
+        self.origin = torch.zeros(0, 1, dtype=torch.long)  # (B, 1) minus each row's left padding: position = origin + column
+        self.depths: dict[int, torch.Tensor] = {}  # arange(n) on the model's device, per n fed
         self.last_logits: torch.Tensor | None = None
         self.prefix_logits: torch.Tensor | None = None
         self.tree: PendingTree | None = None  # a token tree fed after the shared tokens, not settled yet
@@ -203,6 +213,48 @@ class BatchedRows:
     @property
     def width(self) -> int:
         return len(self.prefixes)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(B, length) 1 at each row's real positions held, 0 at its left padding."""
+        return (self.keys[:, 0, 0, :self.length] == 0).long()
+
+    def _key_mask(self, width: int) -> torch.Tensor:
+        """The additive mask (B, 1, 1, ``width``) of a step feeding one position (fed already shown): a view of
+        ``keys``, which a static state's capacity makes exactly as wide (a compiled step's graph sees one layout)."""
+        if self.keys.shape[-1] != width if self.state.static else self.keys.shape[-1] < width:
+            self._resize(width if self.state.static else max(width, 2 * self.keys.shape[-1]))
+        return self.keys[..., :width]
+
+    @torch.inference_mode(False)  # a normal tensor: rolling back (outside a forward) writes into it
+    def _resize(self, width: int) -> None:
+        grown = torch.full((self.width, 1, 1, width), torch.finfo(self.dtype).min, dtype=self.dtype,
+                           device=self.device)
+        kept = min(self.keys.shape[-1], width)
+        grown[..., :kept] = self.keys[..., :kept]
+        self.keys = grown
+
+    def _show(self, fed: int) -> None:
+        """``fed`` more shared columns, seen by every row."""
+        if self.keys.shape[-1] < self.length + fed:
+            self._resize(max(self.length + fed, 2 * self.keys.shape[-1]))
+        self.keys[..., self.length:self.length + fed] = 0
+        self.length += fed
+
+    def _hide_padding(self, mask: torch.Tensor) -> None:
+        """Hide each row's left padding (0 in the 2-D ``mask``)."""
+        self.keys[:, 0, 0, :mask.shape[1]].masked_fill_(mask == 0, torch.finfo(self.dtype).min)
+
+    def _hide(self, length: int) -> None:
+        """Hold only the first ``length`` columns."""
+        self.keys[..., length:self.length] = torch.finfo(self.dtype).min
+        self.length = length
+
+    def _arange(self, n: int) -> torch.Tensor:
+        depths = self.depths.get(n)
+        if depths is None:
+            depths = self.depths[n] = torch.arange(n, device=self.device)
+        return depths
 
     def use_kv(self, kv: str) -> None:
         """Keep the rows' KV state as ``kv`` says (``kv.KV_KINDS``): static, and compiled, when the target's is.
@@ -281,9 +333,12 @@ class BatchedRows:
         self.rows = list(rows)
         self.pixels = [_images(r) for r in rows]
         self.shared = []
-        self.mask = mask
-        self.padding = torch.tensor([[length - len(r.ids)] for r in rows])  # (B, 1) each row's left padding
-        self.prefix_logits = self._forward(length, positions=positions, **inputs)
+        self.keys = torch.zeros(len(rows), 1, 1, 0, dtype=self.dtype, device=self.device)
+        self.length = 0
+        self._show(length)
+        self._hide_padding(mask)
+        self.origin = torch.tensor([[len(r.ids) - length] for r in rows], device=self.device)  # (B, 1) -padding
+        self.prefix_logits = self._forward(length, positions=positions, mask=mask, **inputs)
         self.last_logits = self.prefix_logits
 
     def _embeddings(self, rows: Sequence[Row], length: int) -> torch.Tensor:
@@ -316,17 +371,21 @@ class BatchedRows:
                     images.setdefault(key, []).append(r.vision[key])
         return {"input_ids": ids, **{k: to_model(torch.cat(v), self.model) for k, v in images.items()}}
 
-    def _forward(self, fresh: int, positions: torch.Tensor | None = None, **inputs) -> torch.Tensor:
-        """Feed ``fresh`` new positions (ids or embeddings) to every row; last-position logits (B, V).
-        ``positions``: given at a prefill; after it each row counts its own tokens (plus its rope offset)."""
+    def _forward(self, fresh: int, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                 **inputs) -> torch.Tensor:
+        """Feed ``fresh`` new positions (ids or embeddings), shown already, to every row; last-position logits (B, V).
+        ``positions`` and the 2-D ``mask``: given at a prefill; after it each row counts its own tokens (plus its
+        rope offset), and sees the columns ``keys`` shows."""
         if positions is None:
-            start = (self.mask.shape[1] - fresh) - self.padding  # (B, 1) real positions before: all but the padding
-            positions = self.positions.tree(start, torch.arange(fresh)).to(self.model.device)  # (B, n) or (3, B, n)
+            start = self.origin + (self.length - fresh)  # (B, 1) real positions before: all but the padding
+            positions = self.positions.tree(start, self._arange(fresh)).to(self.device)  # (B, n) or (3, B, n)
         state = self.state
-        mask = self.mask
-        if state.static or (self.shared and self.model.config._attn_implementation in ("sdpa", "eager")):
-            mask = additive_step_mask(self.mask, fresh, self.model.dtype)  # saves rebuilding it from 2-D each step
-            mask = state.fit_mask(mask)  # a static state: as wide as its capacity
+        if not (state.static or (self.shared and self.attention in ("sdpa", "eager"))):
+            mask = self.mask if mask is None else mask  # 2-D: the model makes it causal (a prefill, other attention)
+        elif fresh == 1:
+            mask = self._key_mask(state.mask_width(1))  # a decode step sees every column shown: a view, no mask built
+        else:  # the last ``fresh`` columns causal among themselves
+            mask = state.fit_mask(additive_step_mask(self.mask if mask is None else mask, fresh, self.dtype))
         if self.compiled is not None and "input_ids" in inputs and "pixel_values" not in inputs \
                 and "mm_encoder_outputs" not in inputs:
             compiled = self.compiled(state, inputs["input_ids"], positions, mask)
@@ -344,9 +403,9 @@ class BatchedRows:
             return
         self._drop_tree()
         self.last_logits = None  # they were the logits after what goes
-        prefix_len = self.mask.shape[1] - len(self.shared)
+        prefix_len = self.length - len(self.shared)
         self.state.rollback(prefix_len + keep)
-        self.mask = self.mask[:, : prefix_len + keep]
+        self._hide(prefix_len + keep)
         del self.shared[keep:]
 
     @torch.inference_mode()
@@ -373,10 +432,9 @@ class BatchedRows:
         self._still_held()
         self._drop_tree()
         fresh = list(tokens)
-        ones = torch.ones(self.width, len(fresh), dtype=torch.long, device=self.mask.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, prefix + shared)
+        self._show(len(fresh))
         self.shared.extend(fresh)
-        ids = torch.tensor([fresh] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
+        ids = torch.tensor([fresh] * self.width, dtype=torch.long, device=self.device)  # (B, n)
         self.last_logits = self._forward(len(fresh), input_ids=ids)
         return self.last_logits
 
@@ -401,19 +459,17 @@ class BatchedRows:
             return None
         fed = steps - 1
         state.room_for(fed)
-        start = self.mask.shape[1] - self.padding  # (B, 1) each row's real positions held: all but the padding
-        positions = self.positions.tree(start, torch.arange(fed)).to(self.model.device).contiguous()
-        visible = torch.zeros(self.width, state.capacity, dtype=torch.bool, device=self.model.device)
-        visible[:, :self.mask.shape[1]] = self.mask.bool()
-        out = self.chain(first, visible, positions, steps, state.cache, weights.to(self.model.device), vocab)
+        start = self.origin + self.length  # (B, 1) each row's real positions held: all but the padding
+        positions = self.positions.tree(start, self._arange(fed)).contiguous()
+        visible = self._key_mask(state.capacity)[:, 0, 0] == 0  # (B, capacity) the columns each row sees
+        out = self.chain(first, visible, positions, steps, state.cache, weights.to(self.device), vocab)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         tokens = out[0].tolist()
         state.wrote(fed)  # the graph moved the write pointers itself
         self.shared.extend(tokens[:-1])
-        ones = torch.ones(self.width, fed, dtype=torch.long, device=self.mask.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)
+        self._show(fed)
         self.last_logits = None  # the graph kept no logits
         return tokens, out[1].clone()  # a CUDA graph's outputs are overwritten by its next replay
 
@@ -427,13 +483,13 @@ class BatchedRows:
         the row's own token count plus its depth, so every row computes what it would alone.
         """
         if self.tree is None:
-            self.tree = PendingTree(base=self.mask.shape[1])
+            self.tree = PendingTree(base=self.length)
         nodes = self.tree.add(tokens, parents)
         state = self.state
-        mask, positions = self.tree.inputs(nodes, self.model.dtype, self.model.device, prefix=self.mask,
+        mask, positions = self.tree.inputs(nodes, self.dtype, self.device, prefix=self.mask,
                                            positions=self.positions,
                                            width=state.mask_width(len(nodes)))  # (B, 1, n, W), (B, n)
-        ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.model.device)  # (B, n)
+        ids = torch.tensor([list(tokens)] * self.width, dtype=torch.long, device=self.device)  # (B, n)
         compiled = self.compiled(state, ids, positions, mask) if self.compiled is not None else None
         if compiled is not None:
             return compiled[0]  # (B, n, V)
@@ -449,8 +505,7 @@ class BatchedRows:
         if self.tree is None:
             return
         kept = self.tree.settle(self.state, nodes)
-        ones = torch.ones(self.width, len(kept), dtype=torch.long, device=self.mask.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)
+        self._show(len(kept))
         self.shared = self.shared + kept
         self.last_logits = None  # the logits after the kept path were not computed
         self.tree = None

@@ -77,12 +77,13 @@ class Evidence:
     def add(self, errors: torch.Tensor, hits: torch.Tensor | None) -> None:
         """errors, hits: (n, C) for n newly verified positions (hits None when no policy reads them)."""
         errors = errors.detach().to("cpu", torch.float64)
-        hits = torch.zeros_like(errors) if hits is None else hits.detach().to("cpu", torch.float64)
         if self.window is None:  # running sums: one addition per block
             self.soft += errors.sum(0)
-            self.hits += hits.sum(0)
+            if hits is not None:
+                self.hits += hits.detach().to("cpu", torch.float64).sum(0)
             self.count += errors.shape[0]
             return
+        hits = torch.zeros_like(errors) if hits is None else hits.detach().to("cpu", torch.float64)
         for e, h in zip(errors, hits):
             self.soft += e
             self.hits += h
@@ -148,6 +149,8 @@ class WeightPolicy:
             self.candidates = simplex_grid(members, config.grid_steps)
         else:
             self.candidates = torch.eye(members, dtype=torch.float64)
+        self.equal = torch.full((members,), 1.0 / members, dtype=torch.float64)
+        self._candidates_as: dict[tuple, torch.Tensor] = {}  # the candidates in each dtype and device the rows use
         self.reset()
 
     def reset(self) -> None:
@@ -160,14 +163,13 @@ class WeightPolicy:
 
     def weights(self) -> torch.Tensor:
         cfg = self.config
-        equal = torch.full((self.members,), 1.0 / self.members, dtype=torch.float64)
         self.blocks += 1
         if self.blocks == 1 or cfg.policy == "static":
-            return equal
+            return self.equal
         if cfg.policy == "random":
             return random_simplex_point(self.members, self.generator)
         if self.evidence.count == 0:
-            return equal
+            return self.equal
         ev = self.evidence
         if cfg.policy == "grid":
             return self.candidates[best_candidate(ev.soft, ev.hits, cfg.labels)]
@@ -182,7 +184,10 @@ class WeightPolicy:
         """Add n verified positions: p (n, V), member_q (n, m, V), labels (n,) the kept tokens."""
         if not self.uses_evidence or len(labels) == 0:
             return
-        mixed = candidate_mixtures(member_q, self.candidates)  # (n, C, V), built once
+        key = (member_q.dtype, member_q.device)
+        if key not in self._candidates_as:
+            self._candidates_as[key] = self.candidates.to(member_q)
+        mixed = candidate_mixtures(member_q, self._candidates_as[key])  # (n, C, V), built once
         errors = candidate_errors(p, mixed, self.config.distance)
         hits = candidate_matches(mixed, labels) if self.reads_hits else None
         self.evidence.add(errors, hits)
