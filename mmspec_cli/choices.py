@@ -23,10 +23,6 @@ SSD_PLAIN = "ssd:plain"
 #: every draft is accepted and drafting costs nothing; what it gains over ``ar`` measures the engine itself.
 ORACLE = "oracle"
 
-#: Prompt-lookup decoding (``drafters/pld.py``; Saxena 2023): no draft model, the draft is what followed an earlier
-#: occurrence of the last n-gram of the prompt and output so far.
-PLD = "pld"
-
 #: Bench-only peer rows (``bench/peers.py``): names ``bench --drafters`` takes that no engine drafter has.
 HF_ASSISTED = "hf-assisted"  # Hugging Face assisted generation
 BENCH_PEERS = (HF_ASSISTED,)

@@ -9,7 +9,7 @@ import torch
 from tests import tiny
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.registry import parse_drafter
+from mmspec_cli.drafters.registry import model_drafts, parse_drafter
 from mmspec_cli.drafters.weights import mixture
 from mmspec_cli.drafters.rows import BatchedRows
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
@@ -166,6 +166,14 @@ def test_tabed_uses_the_profile_members_and_policy():
     assert plan.members == ("m", "t", "p") and plan.adaptive
     assert parse_drafter("tabed:ct").members == ("c", "t")
     assert not parse_drafter("mtcp").adaptive
+
+
+def test_a_name_says_whether_a_network_drafts():
+    """What Eq. (1)'s c and the cost schedule price: a draft model, the target's first layers or a head; not ``ar``,
+    a replay or a lookup. The registry says it, so bench and profile-latency list no drafter by name."""
+    names = ("ar", "m", "t", "mt", "tabed", "ssd", "ssd:plain", "eagle", "eagle3", "oracle", "pld", "hf-assisted")
+    assert [name for name in names if model_drafts(name)] == ["m", "t", "mt", "tabed", "ssd", "ssd:plain", "eagle",
+                                                               "eagle3", "hf-assisted"]
 
 
 def test_captions_are_computed_once_per_image(tiny_models):

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN, tree_kind
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.models.parts import with_cache
@@ -488,16 +488,17 @@ def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[st
     verify = {(int(s), int(n)): ms for key, ms in result.target_ms.items() for s, n in [key.split(",")]}
     if not verify:
         return None
-    if drafter in (ORACLE, PLD):
+    from mmspec_cli.drafters.registry import parse_drafter
+
+    plan = parse_drafter(drafter, tuple(default_members))
+    if not plan.model_drafts:
         return StepCosts(verify)
     if drafter in HEAD_KINDS:
         per_seq = result.head_ms.get(drafter, {})
     elif drafter in ("ssd", SSD_PLAIN):
         per_seq = result.ssd_ms.get(drafter, {}) if result.times_ssd(drafter, ssd_layer, imitation) else {}
     else:
-        from mmspec_cli.drafters.registry import parse_drafter
-
-        batch = str(len(parse_drafter(drafter, tuple(default_members)).members))
+        batch = str(len(plan.members))
         per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
     return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}) if per_seq else None
 

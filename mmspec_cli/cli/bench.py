@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags, step_costs
-from mmspec_cli.choices import HEAD_KINDS, ORACLE, PLD, SSD_PLAIN
+from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
 
@@ -340,7 +340,9 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     (records carry it), not this process's."""
     # ar drafts nothing; oracle's and pld's drafts cost no model step (c = 0, so Eq. (1) would be τ): oracle's bound
     # is (γ + 1)·T_p(1)/T_p(γ + 1), benchmarks/bench_oracle.py
-    turns = [r for r in records if "error" not in r and r["drafter"] not in ("ar", ORACLE, PLD)]
+    from mmspec_cli.drafters.registry import model_drafts
+
+    turns = [r for r in records if "error" not in r and model_drafts(r["drafter"])]
     if not turns:
         return {}, {}, None  # nothing Eq. (1) applies to
     pair = (profile.target.model, profile.draft.model if profile.draft else None)

@@ -42,12 +42,14 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from mmspec_cli.choices import PLD
 from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DrafterTraits, DraftShape, TurnStart
 from mmspec_cli.decoding.engine import eos_ids
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
+
+#: The drafter's name (``--drafter pld``).
+PLD = "pld"
 
 #: Hugging Face's ``max_matching_ngram_size`` when unset: n-grams of 2 tokens are tried first, then 1.
 MAX_NGRAM = 2

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, PLD, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, SSD_PLAIN, tree_kind
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
@@ -32,7 +32,7 @@ from mmspec_cli.drafters.ensemble import EnsembleDrafter
 from mmspec_cli.drafters.rows import check_row_images
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.oracle import NO_SAMPLING, NO_TREES as ORACLE_TREES, OracleDrafter
-from mmspec_cli.drafters.pld import NO_TREES as PLD_TREES, PromptLookupDrafter
+from mmspec_cli.drafters.pld import NO_TREES as PLD_TREES, PLD, PromptLookupDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
@@ -56,6 +56,19 @@ class DrafterPlan:
     @property
     def needs_captioner(self) -> bool:
         return "c" in self.members
+
+    @property
+    def model_drafts(self) -> bool:
+        """Whether a network runs to draft (a draft model, the target's first layers, a head): the step Eq. (1)'s c
+        and the cost schedule price. ``ar`` drafts nothing; ``oracle`` replays and ``pld`` looks up, at no model's
+        cost."""
+        return self.needs_draft or self.self_speculative or self.head is not None
+
+
+def model_drafts(name: str) -> bool:
+    """:attr:`DrafterPlan.model_drafts` of the drafter ``name``; a bench peer row (Hugging Face's assisted
+    generation) drafts with the draft model."""
+    return name in BENCH_PEERS or parse_drafter(name).model_drafts
 
 
 def _letters(name: str, letters: str) -> tuple[str, ...]:
