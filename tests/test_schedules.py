@@ -157,6 +157,22 @@ def test_the_turns_blocks_give_the_expected_tokens_with_acceptance_in_runs():
     assert AcceptanceEstimate().expected(3) == 1.0
 
 
+def test_a_short_draft_kept_in_full_says_nothing_of_the_depths_it_did_not_draft():
+    """Kaplan–Meier: blocks that drafted 3 and kept all 3 are censored at 3; depths 4-8 are answered by the block that
+    drafted 8 and kept them (acceptance in runs), not by the pooled α̂ (which the long rejected block pulls down)."""
+    estimate = AcceptanceEstimate()
+    estimate.add(drafted=8, accepted=8)
+    estimate.add(drafted=8, accepted=0)
+    for _ in range(4):
+        estimate.add(drafted=3, accepted=3)
+    assert estimate.survival(8) == pytest.approx([5 / 6] * 8)  # depth 1: 1 of 6 stopped; after it none of 5 or 1
+    assert estimate.expected(6) == pytest.approx(1 + 6 * 5 / 6)
+    tail = sum(estimate.alpha ** k for k in range(1, 4))  # a geometric tail after each short block instead
+    assert estimate.expected(6) > 1 + (6 + 0 + 4 * (3 + tail)) / 6
+    estimate.add(drafted=2, accepted=1)  # a rejection at depth 2: S(2..) falls by 1/6 of those that reached it
+    assert estimate.survival(3) == pytest.approx([6 / 7, 6 / 7 * 5 / 6, 6 / 7 * 5 / 6])
+
+
 def test_cost_schedule_drafts_gamma_first_then_the_best_length_and_is_constant_without_costs():
     schedule = GammaSchedule("cost", 4, costs=LINEAR)
     assert schedule.length(64) == 4  # no evidence yet: the profile's γ

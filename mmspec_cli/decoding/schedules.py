@@ -17,7 +17,8 @@
       E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1) + O),
   from the step costs ``mmspec profile-latency`` measured on this machine (:class:`StepCosts`; the verification of
   γ + 1 tokens as measured, not priced as one step) and the acceptance α seen so far in the turn
-  (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, which keeps how acceptance comes in runs). O is what
+  (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, a Kaplan–Meier estimate per drafted depth, which
+  keeps how acceptance comes in runs). O is what
   the turn's blocks took beyond that price, on average (:class:`BlockOverhead`): the engine's own work around the
   forwards, and how far the isolated step timings of ``profile-latency`` are from the steps inside a block; a
   block's fixed cost favours longer drafts, which no step cost holds. The first block of a turn, before any
@@ -157,21 +158,23 @@ def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None =
 
 @dataclass
 class AcceptanceEstimate:
-    """The per-token acceptance α of a turn so far: the maximum-likelihood estimate of a geometric model,
-    α̂ = accepted tokens / (accepted tokens + blocks that had a rejection).
+    """What a turn's blocks so far say of acceptance: the per-token α̂ of a geometric model, and E[τ(γ)] from the
+    blocks themselves (:meth:`expected`).
 
-    Chosen because it is what the i.i.d. acceptance of :func:`expected_tokens` implies: each drafted token is
-    accepted with probability α until the first rejection, so a block that accepted k of d contributes k successes
-    and, when k < d, one failure; a block accepted in full is censored (no failure seen). It weighs every block by the
-    tokens it drafted, needs no prior, and is exact for the model the γ is optimised under. None before any block
-    drafted a token.
+    α̂ = accepted tokens / (accepted tokens + blocks that had a rejection), the maximum-likelihood estimate of the
+    i.i.d. acceptance of :func:`expected_tokens`: each drafted token is accepted with probability α until the first
+    rejection, so a block that accepted k of d contributes k successes and, when k < d, one failure; a block accepted
+    in full is censored (no failure seen). None before any block drafted a token.
+
+    Per depth j (the j-th drafted token) it also counts the blocks that reached it (``reached[j]``: drafted ≥ j and
+    accepted the j − 1 before it) and those rejected there (``stopped[j]``), for :meth:`expected`.
     """
 
     accepted: int = 0
     rejections: int = 0
     blocks: int = 0  # blocks that drafted
-    kept_up_to: list[int] = field(default_factory=list)  # [γ − 1]: Σ over blocks of min(accepted, γ)
-    full: dict[int, int] = field(default_factory=dict)  # drafted length d -> blocks that accepted all d
+    reached: list[int] = field(default_factory=list)  # [j − 1]: blocks that drafted the j-th token and accepted j − 1
+    stopped: list[int] = field(default_factory=list)  # [j − 1]: blocks whose j-th token was the first rejected
 
     def add(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -179,34 +182,45 @@ class AcceptanceEstimate:
         self.accepted += accepted
         self.rejections += accepted < drafted
         self.blocks += 1
-        if len(self.kept_up_to) < drafted:
-            self.kept_up_to += [self.kept_up_to[-1] if self.kept_up_to else 0] * (drafted - len(self.kept_up_to))
-        for g in range(len(self.kept_up_to)):  # a block keeps min(accepted, γ) of a draft of γ (more: the tail)
-            self.kept_up_to[g] += min(accepted, g + 1)
-        if accepted == drafted:
-            self.full[drafted] = self.full.get(drafted, 0) + 1
+        depth = min(drafted, accepted + 1)  # the deepest token the block tells about
+        if len(self.reached) < depth:
+            self.reached += [0] * (depth - len(self.reached))
+            self.stopped += [0] * (depth - len(self.stopped))
+        for j in range(depth):
+            self.reached[j] += 1
+        if accepted < drafted:
+            self.stopped[accepted] += 1
 
     @property
     def alpha(self) -> float | None:
         seen = self.accepted + self.rejections
         return self.accepted / seen if seen else None
 
+    def survival(self, gamma: int) -> list[float]:
+        """S(j) for j = 1 .. γ, the chance a block accepts its first j drafts: the Kaplan–Meier estimate (Kaplan &
+        Meier 1958), S(j) = Π_{i ≤ j} (1 − stopped_i / reached_i), in which a block accepted in full is censored at
+        its length; past the deepest token any block reached, the geometric tail S(j) = S(J) · α̂^{j − J}."""
+        alpha = self.alpha or 0.0
+        out, alive = [], 1.0
+        for j in range(gamma):
+            if j < len(self.reached) and self.reached[j]:
+                alive *= 1.0 - self.stopped[j] / self.reached[j]
+            else:
+                alive *= alpha
+            out.append(alive)
+        return out
+
     def expected(self, gamma: int) -> float:
-        """E[τ(γ)] from the blocks seen: 1 + the mean over blocks of the drafts a block of γ would have kept,
-        min(accepted, γ) where the block shows it (it drafted γ or more, or stopped at a rejection), and for a
-        block accepted in full that drafted d < γ, d plus the geometric tail's α̂(1 − α̂^{γ−d}) / (1 − α̂). Unlike
-        :func:`expected_tokens` it keeps how acceptance comes in runs (whole phrases the draft knows, then none),
-        which the i.i.d. model prices as if every position were alike and so favours short drafts; the tail beyond
-        what was drafted is the only part the geometric model supplies. Before any block: 1. Its cost does not
-        grow with the turn: running sums per γ, and the fully accepted blocks counted by their length."""
+        """E[τ(γ)] = 1 + Σ_{j ≤ γ} S(j) (:meth:`survival`): the target's own token and each draft kept with the chance
+        the blocks seen give it. At every depth the blocks that drafted that deep speak for themselves, so it keeps
+        how acceptance comes in runs (whole phrases the draft knows, then none), which the i.i.d. model of
+        :func:`expected_tokens` prices as if every position were alike and so favours short drafts; a block that
+        drafted d and kept them all says nothing of depth d + 1, where the blocks that drafted deeper answer (the
+        geometric model only past the deepest). When every block drafted γ or more this is 1 + the mean of
+        min(accepted, γ). Before any block: 1. Its cost does not grow with the turn: counts per depth."""
         if not self.blocks:
             return 1.0
-        sums = self.kept_up_to  # past the longest draft, min(accepted, γ) is every block's accepted count: the last sum
-        kept = sums[min(gamma, len(sums)) - 1]
-        alpha = self.alpha or 0.0
-        tail = sum(count * (expected_tokens(alpha, gamma - drafted) - 1.0)
-                   for drafted, count in self.full.items() if drafted < gamma)
-        return 1.0 + (kept + tail) / self.blocks
+        return 1.0 + sum(self.survival(gamma))
 
 
 @dataclass
