@@ -504,10 +504,11 @@ def test_profile_latency_times_the_compiled_steps_and_bench_reads_them_for_compi
     assert timed.exit_code == 0, timed.stderr
     result = json.loads(timed.stdout)
     assert result["compiled"] and result["cache"].endswith("__compiled.json")
+    assert set(result["draft_chain_ms"]) == {"1,24,2"}  # the greedy chain of γ = 3 − 1 drafted in one graph
     assert {"target", "draft"} <= set(calls) and "compiled the target's steps" in timed.stderr
     calls.clear()
     eager = json.loads(runner.invoke(app, ["profile-latency", *grid]).stdout)
-    assert not eager["compiled"] and eager["cache"] != result["cache"] and not calls
+    assert not eager["compiled"] and eager["cache"] != result["cache"] and not calls and not eager["draft_chain_ms"]
     summary = runner.invoke(app, ["bench", "--summarize", str(out), "--profile", files["profile"], "--format", "json"])
     eq1 = {row["drafter"]: row for row in json.loads(summary.stdout)["rows"] if row["category"] == "all"}
     assert eq1["m"]["latency_ratio"] == pytest.approx(result["draft_ms"]["1,24"] / result["target_ms"]["24,3"],

@@ -234,6 +234,14 @@ def test_cli_times_draft_heads_beside_the_target(tmp_path, tiny_dirs, tiny_model
                                      "--repeat", "1"])
     assert table.exit_code == 0, table.output
     assert "T_h(S) ms" in table.stdout and "c vispec head" in table.stdout and "T_q(B, S, 1)" not in table.stdout
+    one = tmp_path / "eagle.yaml"  # compiled: one head (vispec's chain is the same class's)
+    one.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "head": heads[:1]}))
+    compiled = CliRunner().invoke(app, ["profile-latency", "--profile", str(one), "--seq", "16", "--gammas", "3",
+                                        "--repeat", "1", "--compile"])
+    assert compiled.exit_code == 0, compiled.output
+    assert "eagle head γ=2" in compiled.stdout  # the head's greedy chain of γ = 3 − 1, one compiled graph
+    cached = json.loads(next((tmp_path / "cache" / "latency").glob("*__compiled.json")).read_text())
+    assert cached["head_chain_ms"].keys() == {"eagle"} and cached["head_chain_ms"]["eagle"].keys() == {"16,2"}
 
 
 SMALL_GRID = ["--batch", "1", "--seq", "8", "--repeat", "1"]

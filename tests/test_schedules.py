@@ -13,7 +13,7 @@ from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.schedules import (AcceptanceEstimate, GammaSchedule, StepCosts, best_gamma, block_ms,
-                                            expected_tokens, fastvlm_length, heuristic_next, sigmoid)
+                                            expected_tokens, fastvlm_length, heuristic_next, nondecreasing, sigmoid)
 
 from tests.helpers import MAX_NEW, QUESTION, reference
 
@@ -112,6 +112,29 @@ def test_best_gamma_maximises_expected_tokens_per_ms_on_a_hand_made_table():
     assert free.gamma_max == 8 and best_gamma(free, 64, 0.3) == 8  # more tokens for the same cost
     priced_as_one_step = StepCosts({(64, n): 10.0 * n for n in range(1, 10)})  # verifying n tokens costs n steps
     assert best_gamma(priced_as_one_step, 64, 1.0) == 1  # every γ gives 0.1 tokens per ms: the shorter draft wins
+
+
+def test_a_chain_drafted_in_one_compiled_graph_is_priced_as_measured_not_as_gamma_steps():
+    """--compile drafts a greedy chain in ONE graph after its catch-up step: T_draft(γ) = T_step + T_chain(γ), which
+    costs less than γ steps called one by one; priced that way the same acceptance buys a longer draft."""
+    steps = StepCosts(LINEAR.verify_ms, {64: 1.0})  # 1 ms a step: γ steps cost γ ms
+    chained = StepCosts(LINEAR.verify_ms, {64: 1.0}, {(64, 2): 0.4, (64, 4): 0.8, (64, 6): 1.2})
+    assert steps.drafting(64, 4) == 4.0
+    assert chained.drafting(64, 1) == 1.0  # the catch-up alone
+    assert chained.drafting(64, 4) == pytest.approx(1.0 + 0.8) and chained.drafting(64, 3) == pytest.approx(1.6)
+    assert block_ms(chained, 64, 4) == pytest.approx(1.8 + LINEAR.verify(64, 5))
+    assert best_gamma(steps, 64, 0.85) < best_gamma(chained, 64, 0.85)
+
+
+def test_measured_costs_are_made_nondecreasing_in_tokens_before_they_are_priced():
+    """Pool-adjacent violators: a timing's noise where more tokens cost less is pooled to its mean, so a longer draft
+    never looks free; what rises already is kept as measured."""
+    fitted = nondecreasing([(1, 1.3), (2, 1.3), (3, 1.5), (4, 1.4), (5, 2.0)])
+    assert [x for x, _ in fitted] == [1, 2, 3, 4, 5] and [y for _, y in fitted] == pytest.approx([1.3, 1.3, 1.45, 1.45, 2.0])
+    assert nondecreasing([(1, 3.0), (2, 2.0), (3, 1.0)]) == [(1, 2.0), (2, 2.0), (3, 2.0)]
+    noisy = StepCosts({(64, 1): 10.0, (64, 5): 12.0, (64, 6): 11.0})  # 6 tokens timed below 5
+    assert noisy.verify(64, 6) == noisy.verify(64, 5) == 11.5
+    assert StepCosts({(64, 1): 10.0}, {64: 1.0}, {(64, 3): 2.0, (64, 4): 1.0}).drafting(64, 3) == 2.5
 
 
 def test_step_costs_interpolate_in_s_and_n_and_never_extrapolate():
@@ -235,6 +258,12 @@ def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():
     assert step_costs(result, "ssd:plain", ssd_layer=3) is None  # timed at another layer
     assert step_costs(result, "oracle") == step_costs(result, "pld") == StepCosts(verify)  # no model drafts
     assert step_costs(result, "ar") is None  # drafts nothing
+    compiled = dataclasses.replace(result, compiled=True, draft_chain_ms={"1,64,2": 0.5, "2,64,2": 0.75},
+                                   head_chain_ms={"eagle": {"64,2": 0.2}})
+    assert step_costs(compiled, "m").chain_ms == {(64, 2): 0.5} and step_costs(compiled, "mt").chain_ms == {(64, 2): 0.75}
+    assert step_costs(compiled, "eagle").chain_ms == {(64, 2): 0.2}
+    assert step_costs(compiled, "ssd:plain", ssd_layer=2).chain_ms == {}  # its steps are called one by one
+    assert step_costs(compiled, "m", greedy=False).chain_ms == {}  # a sampled chain is drafted step by step
 
 
 def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypatch, tiny_dirs):

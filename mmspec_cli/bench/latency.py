@@ -9,6 +9,11 @@
   profile's imitation network for ``ssd``, and without it for ``ssd:plain``), timed through the
   drafter's own code (``drafters/ssd.early_exit_logits``). ``ssd`` never runs the draft model,
   so the draft model's T_q says nothing about it.
+- with ``--compile``, T_chain(B, S, γ) and a head's T_hc(S, γ): a greedy chain of γ tokens as ``--compile`` drafts it,
+  ONE compiled graph that feeds γ − 1 of them (the draft model's, or a batch of B member rows', through the drafters'
+  own ``run_chain``; a head's, as its drafter calls it). A block's drafting is one step (the catch-up) and then that
+  chain, which costs less than γ − 1 steps called one by one: what ``--gamma-schedule cost`` prices
+  (:class:`~mmspec_cli.decoding.schedules.StepCosts`). Timed at each γ = n − 1 ≥ 2 of the grid's n.
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU. The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
@@ -64,6 +69,8 @@ class LatencyResult:
     ssd_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # "ssd", "ssd:plain" -> "S" -> ms of T_s(S)
     ssd: dict[str, Any] | None = None  # what ssd_ms timed: {"layer", "imitation" (name or None), "imitation_weights"}
     compiled: bool = False  # timed as ``--compile`` runs them: each step compiled over its static state
+    draft_chain_ms: dict[str, float] = field(default_factory=dict)  # "B,S,γ" -> ms of T_chain(B, S, γ) (compiled)
+    head_chain_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # head kind -> "S,γ" -> ms (compiled)
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -327,6 +334,70 @@ def compiled_ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer,
                            reset=lambda: view.rollback(seq))
 
 
+def chain_lengths(gammas: Sequence[int]) -> list[int]:
+    """The chain lengths γ timed for a grid of verified token counts n: each n − 1 of at least 2 (a block of γ = 1
+    drafts with its catch-up alone)."""
+    return sorted({n - 1 for n in gammas if n - 1 >= 2})
+
+
+@torch.inference_mode()
+def compiled_chain_latency_ms(model, batch: int, seq: int, steps: int, timer: Timer) -> float:
+    """T_chain(B, S, γ): a greedy chain of ``steps`` tokens as ``--compile`` drafts it after ``seq`` held tokens, ONE
+    graph feeding ``steps`` − 1 of them: one row through ``CachedModel.run_chain`` (``single.model_step``, as ``m``
+    and ``t`` draft), B > 1 member rows through ``BatchedRows.run_chain`` (their mixture, as ensembles draft)."""
+    from mmspec_cli.decoding.compiled import compiled_chain
+    from mmspec_cli.decoding.kv import CachedModel
+    from mmspec_cli.drafters.rows import BatchedRows, Row
+    from mmspec_cli.drafters.single import model_step
+    from mmspec_cli.drafters.weights import mixture
+
+    prefix, _ = random_ids(model, batch, seq, 1)
+    if batch == 1:
+        cached = CachedModel(model, role="draft", image_token_id=None, kv="compiled")
+        cached.reserve(seq + steps + 1)
+        first = cached.logits(prefix[0].tolist(), 1)[-1]
+        graphs = compiled_chain(model, "greedy chain", cached.compiled, lambda: model_step(model))
+        return timer.median_ms(run=_compiled(graphs, lambda: cached.run_chain(graphs, first, steps, first.shape[-1])),
+                               reset=lambda: cached.rollback(seq))
+    rows = BatchedRows(model, None, kv="compiled")
+    rows.begin([Row(ids=ids) for ids in prefix.tolist()])
+    rows.reserve(steps + 1)
+    q_k = torch.softmax(rows.logits([]).float(), dim=-1)  # (B, V)
+    weights = torch.full((batch,), 1.0 / batch, dtype=torch.float64)
+    first = (mixture(q_k, weights), q_k)
+    return timer.median_ms(run=_compiled(rows.chain, lambda: rows.run_chain(first, steps, weights, q_k.shape[-1])),
+                           reset=lambda: rows.rollback(0))
+
+
+@torch.inference_mode()
+def compiled_head_chain_latency_ms(head, lm_head, seq: int, steps: int, timer: Timer) -> float:
+    """T_hc(S, γ): a head's greedy chain of ``steps`` tokens as ``--compile`` drafts it after ``seq`` entries, ONE
+    graph of ``head.chain_step`` feeding ``steps`` − 1 of them, called as the head drafter calls it."""
+    from mmspec_cli.decoding.compiled import compiled_chain
+    from mmspec_cli.drafters.head import chain_params, chain_step, compiled_head_step, head_logits
+    from mmspec_cli.models.head import causal_mask
+
+    weight = head.fc.weight
+    generator = torch.Generator().manual_seed(seq)
+    prefix = torch.randn(1, seq, head.input_width, generator=generator).to(weight.device, weight.dtype)
+    state = _static_state(head, "head", seq + steps)
+    out = head.body(prefix, torch.arange(seq, device=weight.device)[None],  # first write: eager
+                    state.fit_mask(causal_mask(seq, 0, weight.dtype, weight.device)), state.cache)
+    state.wrote(seq)
+    h = out[0, -1]
+    first = head_logits(head, lm_head)(h)
+    positions = torch.arange(seq, seq + steps - 1, device=weight.device)[None]
+    chain = compiled_chain(head, "greedy chain", compiled_head_step(head, weight.device), lambda: chain_step(head))
+
+    def run():
+        out = chain(first, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
+        if out is not None:
+            state.wrote(steps - 1)  # the graph moved the write pointers itself
+        return out
+
+    return timer.median_ms(run=_compiled(chain, run), reset=lambda: state.rollback(seq))
+
+
 @dataclass(frozen=True)
 class SsdTiming:
     """What to time for ``ssd``: the profile's ``ssd.layer`` and its imitation network (loaded, and its name)."""
@@ -358,6 +429,14 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
 
     head_ms = {kind: {str(s): head_step(head, head_logits(head, lm_head), s, timer) for s in seqs}
                for kind, head in (heads or {}).items()}
+    draft_chain_ms, head_chain_ms = {}, {}
+    if compiled:  # the greedy chains --compile drafts in one graph (eager chains are γ steps, each timed above)
+        lengths = chain_lengths(gammas)
+        if draft:
+            draft_chain_ms = {f"{b},{s},{g}": compiled_chain_latency_ms(draft, b, s, g, timer)
+                              for b in batches for s in seqs for g in lengths}
+        head_chain_ms = {kind: {f"{s},{g}": compiled_head_chain_latency_ms(head, lm_head, s, g, timer)
+                                for s in seqs for g in lengths} for kind, head in (heads or {}).items()}
     ssd_ms, ssd_setting = {}, None
     if ssd is not None:
         from mmspec_cli.choices import SSD_PLAIN
@@ -369,7 +448,8 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
         ssd_setting = {"layer": ssd.layer, "imitation": named,
                        "imitation_weights": weights_fingerprint(named) if named else None}
     return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
-                         target_revision, draft_revision, head_ms, ssd_ms, ssd_setting, compiled)
+                         target_revision, draft_revision, head_ms, ssd_ms, ssd_setting, compiled, draft_chain_ms,
+                         head_chain_ms)
 
 
 @dataclass(frozen=True)
@@ -474,7 +554,7 @@ NO_DRAFT = "none"
 
 
 def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[str] = ("m", "t"),
-               ssd_layer: int | None = None, imitation: str | None = None) -> StepCosts | None:
+               ssd_layer: int | None = None, imitation: str | None = None, greedy: bool = True) -> StepCosts | None:
     """What ``--gamma-schedule cost`` prices ``drafter``'s blocks with, from a cached ``result``; None when the
     result lacks ``drafter``'s draft step (or ``drafter`` is ``ar``, which drafts nothing).
 
@@ -482,7 +562,9 @@ def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[st
     drafter's B batch rows (its ensemble members: 1 for ``m``, ``t``; 2 for ``mt``; the profile's members for
     ``tabed``), as measured (no other B stands in for it), a head's T_h(S) (``eagle``, ``vispec``), ssd's T_s(S) when
     it was timed at ``ssd_layer`` with ``imitation`` (:meth:`LatencyResult.times_ssd`), and nothing for ``oracle``
-    and ``pld``, which run no model to draft."""
+    and ``pld``, which run no model to draft. A ``greedy`` run of a ``--compile`` result also gets the chains it
+    drafts in one graph (the draft model's T_chain at its rows, a head's T_hc); a sampled chain is drafted step by
+    step."""
     if drafter == "ar":
         return None
     verify = {(int(s), int(n)): ms for key, ms in result.target_ms.items() for s, n in [key.split(",")]}
@@ -493,14 +575,18 @@ def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[st
     plan = parse_drafter(drafter, tuple(default_members))
     if not plan.model_drafts:
         return StepCosts(verify)
+    chains: dict[str, float] = {}  # "S,γ" -> ms
     if drafter in HEAD_KINDS:
         per_seq = result.head_ms.get(drafter, {})
-    elif drafter in ("ssd", SSD_PLAIN):
+        chains = result.head_chain_ms.get(drafter, {})
+    elif drafter in ("ssd", SSD_PLAIN):  # its compiled chain calls its compiled step γ times: no chain graph
         per_seq = result.ssd_ms.get(drafter, {}) if result.times_ssd(drafter, ssd_layer, imitation) else {}
     else:
         batch = str(len(plan.members))
         per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
-    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}) if per_seq else None
+        chains = {key.split(",", 1)[1]: ms for key, ms in result.draft_chain_ms.items() if key.split(",")[0] == batch}
+    chain_ms = {(int(s), int(g)): ms for key, ms in chains.items() for s, g in [key.split(",")]} if greedy else {}
+    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}, chain_ms) if per_seq else None
 
 
 def profile_argument(profile) -> str:
@@ -534,7 +620,7 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
     costs = {}
     for name in wanted:
         found = result and step_costs(result, name, profile.ensemble.members, profile.ssd.layer,
-                                      profile.ssd.imitation)
+                                      profile.ssd.imitation, greedy=decoding.temperature == 0)
         if found:
             costs[name] = found
     missing = [name for name in wanted if name not in costs]

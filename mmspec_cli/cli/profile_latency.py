@@ -214,6 +214,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
                                "target_ms": result.target_ms, "draft_ms": result.draft_ms,
                                "head_ms": result.head_ms, "head_latency_ratio": head_ratios,
                                "ssd_ms": result.ssd_ms, "ssd": result.ssd, "ssd_latency_ratio": ssd_ratios,
+                               "draft_chain_ms": result.draft_chain_ms, "head_chain_ms": result.head_chain_ms,
                                "remarks": [r.__dict__ for r in remarks], "latency_ratio": ratios,
                                "expected_speedup": speedups, "tau": taus, "cache": path and str(path),
                                "threads": choice.as_dict()}))
@@ -292,6 +293,16 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
     if result.head_ms:
         console.print(_grid("T_h(S) ms: one draft-head step (its decoder layer + the target's LM head)", result.seqs,
                             {kind: (lambda s, k=kind: result.head_ms[k][str(s)]) for kind in result.head_ms}))
+    chains = _chain_rows(result)
+    if chains:
+        table = Table(title="T_chain ms: a greedy chain of γ tokens in ONE compiled graph (--compile's drafting, "
+                            "after its catch-up step)")
+        table.add_column("chain")
+        for s in result.seqs:
+            table.add_column(f"S={s}", justify="right")
+        for name, per_seq in chains.items():
+            table.add_row(name, *(f"{per_seq[s]:.2f}" for s in result.seqs))
+        console.print(table)
     shown_ssd = _distinct_ssd(result)
     if shown_ssd:
         layer = result.ssd["layer"]
@@ -335,6 +346,19 @@ def _distinct_ssd(result) -> list[str]:
     if not result.ssd_ms:
         return []
     return ["ssd", SSD_PLAIN] if (result.ssd or {}).get("imitation") else ["ssd"]
+
+
+def _chain_rows(result) -> dict[str, dict[int, float]]:
+    """The compiled chains timed, by name ("draft B=1 γ=4", "eagle head γ=4") -> S -> ms."""
+    rows: dict[str, dict[int, float]] = {}
+    for key, ms in sorted(result.draft_chain_ms.items(), key=lambda item: [int(x) for x in item[0].split(",")]):
+        b, s, g = (int(x) for x in key.split(","))
+        rows.setdefault(f"draft B={b} γ={g}", {})[s] = ms
+    for kind, grid in result.head_chain_ms.items():
+        for key, ms in sorted(grid.items(), key=lambda item: [int(x) for x in item[0].split(",")]):
+            s, g = (int(x) for x in key.split(","))
+            rows.setdefault(f"{kind} head γ={g}", {})[s] = ms
+    return rows
 
 
 def _grid(title: str, seqs, columns: dict):

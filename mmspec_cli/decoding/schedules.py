@@ -16,7 +16,8 @@
 - ``cost``: the γ that maximises the expected tokens per millisecond of a block,
       E[τ(γ)] / (T_draft(γ) + T_verify(S, γ + 1) + O),
   from the step costs ``mmspec profile-latency`` measured on this machine (:class:`StepCosts`; the verification of
-  γ + 1 tokens as measured, not priced as one step) and the acceptance α seen so far in the turn
+  γ + 1 tokens as measured, not priced as one step, and under ``--compile`` a chain drafted in one graph as
+  measured, not priced as γ steps) and the acceptance α seen so far in the turn
   (:class:`AcceptanceEstimate`: E[τ(γ)] from the blocks seen, a Kaplan–Meier estimate per drafted depth, which
   keeps how acceptance comes in runs). O is what
   the turn's blocks took beyond that price, on average (:class:`BlockOverhead`): the engine's own work around the
@@ -88,6 +89,21 @@ def interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
     return y0
 
 
+def nondecreasing(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The least-squares nondecreasing fit of measured ``points`` (x, y), sorted by x: the pool-adjacent-violators
+    algorithm (Ayer et al. 1955), each run of points that falls replaced by its mean. A forward over more tokens, or a
+    longer chain, never costs less; a timing's noise that says so would make a longer draft look free."""
+    pools: list[list[float]] = []  # [sum, count] per pool
+    for _, y in points:
+        pools.append([y, 1])
+        while len(pools) > 1 and pools[-2][0] / pools[-2][1] > pools[-1][0] / pools[-1][1]:
+            total, count = pools.pop()
+            pools[-1][0] += total
+            pools[-1][1] += count
+    values = [total / count for total, count in pools for _ in range(int(count))]
+    return [(x, y) for (x, _), y in zip(points, values)]
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """What ``profile-latency`` measured on this machine for one drafter, in ms.
@@ -95,11 +111,14 @@ class StepCosts:
     ``verify_ms``: (S, n) -> one target forward verifying n tokens after S cached ones, T_p(1, S, n) (TABED App. G);
     ``draft_ms``: S -> ONE draft step after S cached tokens (the draft model's T_q(B, S, 1) at the drafter's batch
     rows, a head's T_h(S), ssd's T_s(S)); empty for a drafter that runs no model (``oracle``, ``pld``): drafting
-    costs 0 then.
+    costs 0 then;
+    ``chain_ms``: (S, γ) -> a greedy chain of γ tokens in ONE compiled graph after S (``--compile``'s chains:
+    T_chain(B, S, γ), a head's T_hc(S, γ)); empty when chains run step by step (eager, ssd).
     """
 
     verify_ms: Mapping[tuple[int, int], float]
     draft_ms: Mapping[int, float] = field(default_factory=dict)
+    chain_ms: Mapping[tuple[int, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.verify_ms:
@@ -108,6 +127,8 @@ class StepCosts:
         object.__setattr__(self, "_by_count", [(n, sorted((s, ms) for (s, m), ms in self.verify_ms.items() if m == n))
                                                for n in counts])
         object.__setattr__(self, "_draft", sorted(self.draft_ms.items()))
+        object.__setattr__(self, "_chain", [(g, sorted((s, ms) for (s, m), ms in self.chain_ms.items() if m == g))
+                                            for g in sorted({g for _, g in self.chain_ms})])
 
     @property
     def gamma_max(self) -> int:
@@ -115,25 +136,43 @@ class StepCosts:
         return max(1, self._by_count[-1][0] - 1)
 
     def verify_curve(self, seq: int) -> list[tuple[int, float]]:
-        """(n, T_verify(S, n)) at each measured n: the grid interpolated linearly in S (:func:`interpolate`)."""
-        return [(n, interpolate(points, seq)) for n, points in self._by_count]
+        """(n, T_verify(S, n)) at each measured n: the grid interpolated linearly in S (:func:`interpolate`), then made
+        nondecreasing in n (:func:`nondecreasing`)."""
+        return nondecreasing([(n, interpolate(points, seq)) for n, points in self._by_count])
 
     def verify(self, seq: int, tokens: int) -> float:
-        """T_verify(S, n): the measured grid interpolated linearly in S at each measured n, then linearly in n;
-        outside the measured S or n, the nearest measured value (:func:`interpolate`)."""
+        """T_verify(S, n): the measured grid interpolated linearly in S at each measured n, made nondecreasing in n,
+        then interpolated linearly in n; outside the measured S or n, the nearest measured value
+        (:func:`interpolate`)."""
         return interpolate(self.verify_curve(seq), tokens)
 
     def draft(self, seq: int) -> float:
         """One draft step after ``seq`` tokens, interpolated in S as :meth:`verify`; 0 when no model drafts."""
         return interpolate(self._draft, seq) if self._draft else 0.0
 
+    def drafting_curve(self, seq: int) -> Callable[[int], float]:
+        """γ -> T_draft(S, γ), a block's drafting: the catch-up step and, with a compiled chain measured, that chain of
+        γ tokens (one graph: :attr:`chain_ms`, interpolated in S, made nondecreasing in γ and interpolated in it as
+        :meth:`verify`); else γ steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone."""
+        step = self.draft(seq)
+        if not self._chain:
+            return lambda gamma: gamma * step
+        chain = nondecreasing([(g, interpolate(points, seq)) for g, points in self._chain])
+        return lambda gamma: step if gamma <= 1 else step + interpolate(chain, gamma)
+
+    def drafting(self, seq: int, gamma: int) -> float:
+        """T_draft(S, γ) (:meth:`drafting_curve`)."""
+        return self.drafting_curve(seq)(gamma)
+
 
 def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
-    """The cost of one block at context length S: γ draft steps and one verification of γ + 1 tokens,
-    T_draft(γ) + T_verify(S, γ + 1) = γ · T_step(S) + T_p(1, S, γ + 1) (TABED Eq. (1)'s denominator with the
-    verification priced as measured instead of as one step). Every draft step is priced at S: over a block the
-    context grows by at most γ tokens, far less than the measured grid's spacing."""
-    return gamma * costs.draft(seq) + costs.verify(seq, gamma + 1)
+    """The cost of one block at context length S: its drafting and one verification of γ + 1 tokens,
+    T_draft(S, γ) + T_verify(S, γ + 1) (TABED Eq. (1)'s denominator with both priced as measured instead of as
+    γ + 1 steps: γ · T_step(S) + T_p(1, S, γ + 1) when the draft steps are called one by one, the catch-up step plus
+    one compiled chain when ``--compile`` drafts the chain in one graph, :meth:`StepCosts.drafting_curve`). Every
+    draft step is priced at S: over a block the context grows by at most γ tokens, far less than the measured grid's
+    spacing."""
+    return costs.drafting(seq, gamma) + costs.verify(seq, gamma + 1)
 
 
 def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None,
@@ -145,12 +184,12 @@ def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None =
     :meth:`AcceptanceEstimate.expected`), else :func:`expected_tokens` at ``alpha``. ``gamma_max``: by default
     ``costs.gamma_max``."""
     top = costs.gamma_max if gamma_max is None else gamma_max
-    curve, step = costs.verify_curve(seq), costs.draft(seq)  # block_ms, with the S interpolation done once
+    curve, drafting = costs.verify_curve(seq), costs.drafting_curve(seq)  # block_ms, with S interpolated once
     tokens = expected if expected is not None else (lambda gamma: expected_tokens(alpha, gamma))
     best, best_rate = 1, -1.0
     for gamma in range(1, max(1, top) + 1):
         verify = interpolate(curve, gamma + 1)
-        rate = tokens(gamma) / max(gamma * step + verify + overhead_ms, 0.01 * verify)
+        rate = tokens(gamma) / max(drafting(gamma) + verify + overhead_ms, 0.01 * verify)
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = gamma, rate
     return best

@@ -230,9 +230,8 @@ class HeadDrafter(Drafter):
         fed = steps - 1
         state.room_for(fed)
         positions = self._draft_positions(self._position, fed)
-        glob = None if self.glob is None else self.glob[None]
-        params = () if self.eagle3 else (lm_head.weight, lm_head.bias, glob)
-        out = self.chain(first, h[None], positions, steps, *params, state.cache)
+        out = self.chain(first, h[None], positions, steps, *chain_params(self.head, lm_head, self.glob),
+                         state.cache)
         if out is None:
             state.rollback(state.length)
             return None
@@ -287,6 +286,15 @@ def compiled_head_step(head: DraftHead | Eagle3Head, device: torch.device) -> Co
 def chain_step(head: DraftHead | Eagle3Head) -> Callable:
     """The draft step of ``head``'s compiled chain: :func:`head_step`, or :func:`eagle3_step`."""
     return eagle3_step(head) if isinstance(head, Eagle3Head) else head_step(head)
+
+
+def chain_params(head: DraftHead | Eagle3Head, lm_head: torch.nn.Module, glob: torch.Tensor | None) -> tuple:
+    """What :func:`chain_step`'s step reads besides the token, its carry, its position and the cache: the target's LM
+    head and ViSpec's global image feature ``glob`` (H,) for :func:`head_step`; nothing for an EAGLE-3 head, whose
+    LM head is its own."""
+    if isinstance(head, Eagle3Head):
+        return ()
+    return lm_head.weight, lm_head.bias, None if glob is None else glob[None]
 
 
 def unwritten_mask(cache, h: torch.Tensor) -> torch.Tensor:
