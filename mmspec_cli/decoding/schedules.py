@@ -257,9 +257,17 @@ class AcceptanceEstimate:
         drafted d and kept them all says nothing of depth d + 1, where the blocks that drafted deeper answer (the
         geometric model only past the deepest). When every block drafted γ or more this is 1 + the mean of
         min(accepted, γ). Before any block: 1. Its cost does not grow with the turn: counts per depth."""
+        return self.expected_curve(gamma)[-1] if gamma >= 1 else 1.0
+
+    def expected_curve(self, top: int) -> list[float]:
+        """[E[τ(1)], ..., E[τ(top)]] (:meth:`expected`), in one pass over the depths."""
         if not self.blocks:
-            return 1.0
-        return 1.0 + sum(self.survival(gamma))
+            return [1.0] * top
+        out, total = [], 1.0
+        for alive in self.survival(top):
+            total += alive
+            out.append(total)
+        return out
 
 
 @dataclass
@@ -307,7 +315,8 @@ class GammaSchedule:
         if self.name == "fastvlm":
             return fastvlm_length(self.gamma, context, self.max_length)
         if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
-            return best_gamma(self.costs, context, self.acceptance.alpha, expected=self.acceptance.expected,
+            curve = self.acceptance.expected_curve(self.costs.gamma_max)  # once a block, not once per γ tried
+            return best_gamma(self.costs, context, self.acceptance.alpha, expected=lambda gamma: curve[gamma - 1],
                               overhead_ms=self.overhead.ms)
         return self.current
 
