@@ -319,7 +319,7 @@ class BatchedRows:
             mask[b, length - len(r.ids):] = 1
         positions, offsets = self.family.batch_positions(self.model, [(r.ids, self._laid_out(r)) for r in rows],
                                                          length, self.model.device)  # each row counts from 0
-        self.positions = self.family.positions(offsets)
+        self.positions = self.family.positions(offsets.to(self.device))  # added to the origins, on their device
         if self.family.model_embeds_row_images:
             inputs = self._model_inputs(rows, length)
         else:
@@ -378,7 +378,7 @@ class BatchedRows:
         rope offset), and sees the columns ``keys`` shows."""
         if positions is None:
             start = self.origin + (self.length - fresh)  # (B, 1) real positions before: all but the padding
-            positions = self.positions.tree(start, self._arange(fresh)).to(self.device)  # (B, n) or (3, B, n)
+            positions = self.positions.tree(start, self._arange(fresh))  # (B, n) or (3, B, n), on the device
         state = self.state
         if not (state.static or (self.shared and self.attention in ("sdpa", "eager"))):
             mask = self.mask if mask is None else mask  # 2-D: the model makes it causal (a prefill, other attention)

@@ -49,5 +49,6 @@ class MRopePositions(Positions):
         return super().chain(start + self.offset, n, device)[None].expand(3, -1, -1)
 
     def tree(self, start: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-        """(3, B, n): ``start + offset + depth`` on each axis."""
-        return super().tree(start + self.offset, depths)[None].expand(3, -1, -1)
+        """(3, B, n): ``start + offset + depth`` on each axis (on ``start``'s device)."""
+        offset = self.offset.to(start.device) if isinstance(self.offset, torch.Tensor) else self.offset
+        return super().tree(start + offset, depths)[None].expand(3, -1, -1)
