@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from tests import tiny
 from mmspec_cli.drafters import build_drafter
@@ -283,7 +284,17 @@ def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypat
                                        {"1,64": 1.0}, compiled=True))
     costs, note = latency.run_step_costs(spec, ["ar", "m", "eagle"], "cpu")
     assert set(costs) == {"m"} and "for this profile and drafter eagle; it uses the constant γ = 5" in note
-    assert latency.run_step_costs(spec, ["ar", "m"], "cpu") == ({"m": costs["m"]}, None)
+    stale = latency.run_step_costs(spec, ["ar", "m"], "cpu")  # a cache from before compiled chains were timed
+    assert stale[0] == {"m": costs["m"]} and stale[1] == (
+        f"note: the step costs cached on this machine ({here}) hold no compiled chains (timed since this release); "
+        f"--gamma-schedule cost prices the drafting of m as γ single steps, which drafts shorter than it should (run "
+        f"mmspec profile-latency --profile {tmp_path / 't.yaml'} --threads {torch.get_num_threads()} --compile again)")
+    latency.save(latency.LatencyResult(here, tiny_dirs["target"], tiny_dirs["perturbed"], {"64,1": 10.0, "64,3": 11.0},
+                                       {"1,64": 1.0}, compiled=True, draft_chain_ms={"1,64,2": 1.5}))
+    chained = latency.run_step_costs(spec, ["ar", "m"], "cpu")
+    assert chained[1] is None and chained[0]["m"].drafting(64, 2) == 2.5
+    sampled = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, temperature=1.0))
+    assert latency.run_step_costs(sampled, ["m"], "cpu")[0]["m"].chain_ms == {}  # sampled chains: step by step
     constant = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, gamma_schedule="constant"))
     assert latency.run_step_costs(constant, ["m"], "cpu") == ({}, None)  # another schedule: nothing looked up
     width = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, tree="width", tree_width=2))

@@ -624,15 +624,22 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
         if found:
             costs[name] = found
     missing = [name for name in wanted if name not in costs]
-    if not missing:
+    # a compiled greedy chain runs as one graph: a cache from before chains were timed prices it as γ steps
+    unchained = [name for name, found in costs.items() if decoding.compile and decoding.temperature == 0
+                 and found.draft_ms and not found.chain_ms and name not in ("ssd", SSD_PLAIN)]
+    if not missing and not unchained:
         return costs, None
-    which = "" if len(missing) == len(wanted) == 1 else \
-        f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
     layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(missing) else None  # the run's, which may be a flag's
     command = (f"mmspec profile-latency --profile {profile_argument(profile)}"
                f"{f' --threads {threads or torch.get_num_threads()}' if str(device).startswith('cpu') or threads else ''}"
                f"{' --compile' if decoding.compile else ''}"
                f"{f' --ssd-layer {layer}' if layer else ''}")
+    if not missing:
+        return costs, (f"note: the step costs cached on this machine ({here}) hold no compiled chains (timed since "
+                       f"this release); --gamma-schedule cost prices the drafting of {', '.join(unchained)} as γ "
+                       f"single steps, which drafts shorter than it should (run {command} again)")
+    which = "" if len(missing) == len(wanted) == 1 else \
+        f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
     return costs, (f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this "
                    f"profile{which}; {'it uses' if len(missing) == 1 else 'they use'} the constant γ = "
                    f"{decoding.gamma} (run {command} first)")
