@@ -121,7 +121,7 @@ def test_a_chain_drafted_in_one_compiled_graph_is_priced_as_measured_not_as_gamm
     steps = StepCosts(LINEAR.verify_ms, {64: 1.0})  # 1 ms a step: γ steps cost γ ms
     chained = StepCosts(LINEAR.verify_ms, {64: 1.0}, {(64, 2): 0.4, (64, 4): 0.8, (64, 6): 1.2})
     assert steps.drafting(64, 4) == 4.0
-    assert chained.drafting(64, 1) == 1.0  # the catch-up alone
+    assert chained.drafting(64, 1) == 1.0 and chained.drafting(64, 0) == steps.drafting(64, 0) == 0.0  # γ = 0: none
     assert chained.drafting(64, 4) == pytest.approx(1.0 + 0.8) and chained.drafting(64, 3) == pytest.approx(1.6)
     assert block_ms(chained, 64, 4) == pytest.approx(1.8 + LINEAR.verify(64, 5))
     assert best_gamma(steps, 64, 0.85) < best_gamma(chained, 64, 0.85)
@@ -133,6 +133,8 @@ def test_measured_costs_are_made_nondecreasing_in_tokens_before_they_are_priced(
     fitted = nondecreasing([(1, 1.3), (2, 1.3), (3, 1.5), (4, 1.4), (5, 2.0)])
     assert [x for x, _ in fitted] == [1, 2, 3, 4, 5] and [y for _, y in fitted] == pytest.approx([1.3, 1.3, 1.45, 1.45, 2.0])
     assert nondecreasing([(1, 3.0), (2, 2.0), (3, 1.0)]) == [(1, 2.0), (2, 2.0), (3, 2.0)]
+    cascade = nondecreasing([(1, 2.0), (2, 3.0), (3, 0.0)])  # pooling 3 and 0 falls below 2: pooled again
+    assert [y for _, y in cascade] == pytest.approx([5 / 3] * 3) and nondecreasing([(4, 1.0)]) == [(4, 1.0)]
     noisy = StepCosts({(64, 1): 10.0, (64, 5): 12.0, (64, 6): 11.0})  # 6 tokens timed below 5
     assert noisy.verify(64, 6) == noisy.verify(64, 5) == 11.5
     assert StepCosts({(64, 1): 10.0}, {64: 1.0}, {(64, 3): 2.0, (64, 4): 1.0}).drafting(64, 3) == 2.5
@@ -280,10 +282,11 @@ def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypat
         f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this profile and "
         f"drafters m, eagle; they use the constant γ = 5 (run mmspec profile-latency --profile {tmp_path / 't.yaml'} "
         f"--threads 2 --compile first)")
-    latency.save(latency.LatencyResult(here, tiny_dirs["target"], tiny_dirs["perturbed"], {"64,1": 10.0},
+    latency.save(latency.LatencyResult(here, tiny_dirs["target"], tiny_dirs["perturbed"], {"64,1": 10.0, "64,3": 11.0},
                                        {"1,64": 1.0}, compiled=True))
     costs, note = latency.run_step_costs(spec, ["ar", "m", "eagle"], "cpu")
-    assert set(costs) == {"m"} and "for this profile and drafter eagle; it uses the constant γ = 5" in note
+    assert set(costs) == {"m"} and "for this profile and drafter eagle; it uses the constant γ = 5, and " in note
+    assert "hold no compiled chains" in note and note.count("\n") == 0  # both in one line
     stale = latency.run_step_costs(spec, ["ar", "m"], "cpu")  # a cache from before compiled chains were timed
     assert stale[0] == {"m": costs["m"]} and stale[1] == (
         f"note: the step costs cached on this machine ({here}) hold no compiled chains (timed since this release); "
@@ -295,6 +298,9 @@ def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypat
     assert chained[1] is None and chained[0]["m"].drafting(64, 2) == 2.5
     sampled = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, temperature=1.0))
     assert latency.run_step_costs(sampled, ["m"], "cpu")[0]["m"].chain_ms == {}  # sampled chains: step by step
+    latency.save(latency.LatencyResult(here, tiny_dirs["target"], tiny_dirs["perturbed"], {"64,1": 10.0, "64,2": 11.0},
+                                       {"1,64": 1.0}, compiled=True))
+    assert latency.run_step_costs(spec, ["m"], "cpu")[1] is None  # n ≤ 2 times no chain: rerunning would not either
     constant = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, gamma_schedule="constant"))
     assert latency.run_step_costs(constant, ["m"], "cpu") == ({}, None)  # another schedule: nothing looked up
     width = dataclasses.replace(spec, decoding=dataclasses.replace(spec.decoding, tree="width", tree_width=2))

@@ -11,9 +11,11 @@
   so the draft model's T_q says nothing about it.
 - with ``--compile``, T_chain(B, S, γ) and a head's T_hc(S, γ): a greedy chain of γ tokens as ``--compile`` drafts it,
   ONE compiled graph that feeds γ − 1 of them (the draft model's, or a batch of B member rows', through the drafters'
-  own ``run_chain``; a head's, as its drafter calls it). A block's drafting is one step (the catch-up) and then that
-  chain, which costs less than γ − 1 steps called one by one: what ``--gamma-schedule cost`` prices
-  (:class:`~mmspec_cli.decoding.schedules.StepCosts`). Timed at each γ = n − 1 ≥ 2 of the grid's n.
+  own ``run_chain``; a head's, as its drafter calls it, at text positions and without ViSpec's image feature, as
+  T_h is). A block's drafting is one step (the catch-up) and then that chain: what ``--gamma-schedule cost`` prices
+  (:class:`~mmspec_cli.decoding.schedules.StepCosts`). On the demo draft a chain of 5 costs 0.48 ms against 1.2 ms for
+  the 4 more steps called one by one; a chain of 2 can cost more than one step. Timed at each γ = n − 1 ≥ 2 of the
+  grid's n, right after the step at the same S (S ascending: a static state only grows).
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU. The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
@@ -422,21 +424,27 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     else:
         step = lambda model, b, s, n, role: step_latency_ms(model, b, s, n, timer)  # noqa: E731
         head_step, ssd_step = head_step_latency_ms, ssd_step_latency_ms
+    # S ascending, and a chain right after the step at its S: a static state only grows, so a step or chain timed
+    # after a longer S would run over that S's larger state (attention over its whole capacity)
+    seqs = sorted(seqs)
+    lengths = chain_lengths(gammas) if compiled else []  # --compile drafts a greedy chain in one graph
     target_ms = {f"{s},{g}": step(target, 1, s, g, "target") for s in seqs for g in gammas}
-    draft_ms = {f"{b},{s}": step(draft, b, s, 1, "draft") for b in batches for s in seqs} if draft else {}
+    draft_ms, draft_chain_ms = {}, {}
+    for b in batches if draft else ():
+        for s in seqs:
+            draft_ms[f"{b},{s}"] = step(draft, b, s, 1, "draft")
+            draft_chain_ms.update({f"{b},{s},{g}": compiled_chain_latency_ms(draft, b, s, g, timer) for g in lengths})
     lm_head = target.get_output_embeddings()
     from mmspec_cli.drafters.head import head_logits
 
-    head_ms = {kind: {str(s): head_step(head, head_logits(head, lm_head), s, timer) for s in seqs}
-               for kind, head in (heads or {}).items()}
-    draft_chain_ms, head_chain_ms = {}, {}
-    if compiled:  # the greedy chains --compile drafts in one graph (eager chains are γ steps, each timed above)
-        lengths = chain_lengths(gammas)
-        if draft:
-            draft_chain_ms = {f"{b},{s},{g}": compiled_chain_latency_ms(draft, b, s, g, timer)
-                              for b in batches for s in seqs for g in lengths}
-        head_chain_ms = {kind: {f"{s},{g}": compiled_head_chain_latency_ms(head, lm_head, s, g, timer)
-                                for s in seqs for g in lengths} for kind, head in (heads or {}).items()}
+    head_ms, head_chain_ms = {}, {}
+    for kind, head in (heads or {}).items():
+        head_ms[kind], chains = {}, {}
+        for s in seqs:
+            head_ms[kind][str(s)] = head_step(head, head_logits(head, lm_head), s, timer)
+            chains.update({f"{s},{g}": compiled_head_chain_latency_ms(head, lm_head, s, g, timer) for g in lengths})
+        if chains:
+            head_chain_ms[kind] = chains
     ssd_ms, ssd_setting = {}, None
     if ssd is not None:
         from mmspec_cli.choices import SSD_PLAIN
@@ -624,9 +632,11 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
         if found:
             costs[name] = found
     missing = [name for name in wanted if name not in costs]
-    # a compiled greedy chain runs as one graph: a cache from before chains were timed prices it as γ steps
+    # a compiled greedy chain runs as one graph: a cache from before chains were timed prices it as γ steps (a grid
+    # with no n of 3 or more times no chain, and rerunning it would not either)
     unchained = [name for name, found in costs.items() if decoding.compile and decoding.temperature == 0
-                 and found.draft_ms and not found.chain_ms and name not in ("ssd", SSD_PLAIN)]
+                 and found.draft_ms and not found.chain_ms and name not in ("ssd", SSD_PLAIN)
+                 and chain_lengths(result.gammas)]
     if not missing and not unchained:
         return costs, None
     layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(missing) else None  # the run's, which may be a flag's
@@ -634,12 +644,13 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
                f"{f' --threads {threads or torch.get_num_threads()}' if str(device).startswith('cpu') or threads else ''}"
                f"{' --compile' if decoding.compile else ''}"
                f"{f' --ssd-layer {layer}' if layer else ''}")
+    stale = (f"the step costs cached on this machine ({here}) hold no compiled chains (timed since this release); "
+             f"--gamma-schedule cost prices the drafting of {', '.join(unchained)} as γ single steps, which drafts "
+             f"shorter than it should")
     if not missing:
-        return costs, (f"note: the step costs cached on this machine ({here}) hold no compiled chains (timed since "
-                       f"this release); --gamma-schedule cost prices the drafting of {', '.join(unchained)} as γ "
-                       f"single steps, which drafts shorter than it should (run {command} again)")
+        return costs, f"note: {stale} (run {command} again)"
     which = "" if len(missing) == len(wanted) == 1 else \
         f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
     return costs, (f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this "
                    f"profile{which}; {'it uses' if len(missing) == 1 else 'they use'} the constant γ = "
-                   f"{decoding.gamma} (run {command} first)")
+                   f"{decoding.gamma}{f', and {stale}' if unchained else ''} (run {command} first)")

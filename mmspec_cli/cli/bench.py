@@ -342,7 +342,13 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     # is (γ + 1)·T_p(1)/T_p(γ + 1), benchmarks/bench_oracle.py
     from mmspec_cli.drafters.registry import model_drafts
 
-    turns = [r for r in records if "error" not in r and model_drafts(r["drafter"])]
+    def drafts(name: str) -> bool:
+        try:
+            return model_drafts(name)
+        except InputError:  # a name this version does not take (an older release's record): priced as a drafter
+            return True
+
+    turns = [r for r in records if "error" not in r and drafts(r["drafter"])]
     if not turns:
         return {}, {}, None  # nothing Eq. (1) applies to
     pair = (profile.target.model, profile.draft.model if profile.draft else None)

@@ -153,12 +153,13 @@ class StepCosts:
     def drafting_curve(self, seq: int) -> Callable[[int], float]:
         """γ -> T_draft(S, γ), a block's drafting: the catch-up step and, with a compiled chain measured, that chain of
         γ tokens (one graph: :attr:`chain_ms`, interpolated in S, made nondecreasing in γ and interpolated in it as
-        :meth:`verify`); else γ steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone."""
+        :meth:`verify`); else γ steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone; a block
+        cut to γ = 0 drafts nothing."""
         step = self.draft(seq)
         if not self._chain:
             return lambda gamma: gamma * step
         chain = nondecreasing([(g, interpolate(points, seq)) for g, points in self._chain])
-        return lambda gamma: step if gamma <= 1 else step + interpolate(chain, gamma)
+        return lambda gamma: 0.0 if gamma <= 0 else step if gamma == 1 else step + interpolate(chain, gamma)
 
     def drafting(self, seq: int, gamma: int) -> float:
         """T_draft(S, γ) (:meth:`drafting_curve`)."""

@@ -221,7 +221,8 @@ class BatchedRows:
 
     def _key_mask(self, width: int) -> torch.Tensor:
         """The additive mask (B, 1, 1, ``width``) of a step feeding one position (fed already shown): a view of
-        ``keys``, which a static state's capacity makes exactly as wide (a compiled step's graph sees one layout)."""
+        ``keys``, which a static state's capacity makes exactly as wide (so the view is the whole buffer, and a compiled
+        step's ``contiguous()`` copies nothing)."""
         if self.keys.shape[-1] != width if self.state.static else self.keys.shape[-1] < width:
             self._resize(width if self.state.static else max(width, 2 * self.keys.shape[-1]))
         return self.keys[..., :width]
@@ -246,7 +247,8 @@ class BatchedRows:
         self.keys[:, 0, 0, :mask.shape[1]].masked_fill_(mask == 0, torch.finfo(self.dtype).min)
 
     def _hide(self, length: int) -> None:
-        """Hold only the first ``length`` columns."""
+        """Hold only the first ``length`` columns (all of them when ``length`` is more)."""
+        length = min(length, self.length)
         self.keys[..., length:self.length] = torch.finfo(self.dtype).min
         self.length = length
 
