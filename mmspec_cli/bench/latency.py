@@ -343,61 +343,72 @@ def chain_lengths(gammas: Sequence[int]) -> list[int]:
 
 
 @torch.inference_mode()
-def compiled_chain_latency_ms(model, batch: int, seq: int, steps: int, timer: Timer) -> float:
-    """T_chain(B, S, γ): a greedy chain of ``steps`` tokens as ``--compile`` drafts it after ``seq`` held tokens, ONE
-    graph feeding ``steps`` − 1 of them: one row through ``CachedModel.run_chain`` (``single.model_step``, as ``m``
-    and ``t`` draft), B > 1 member rows through ``BatchedRows.run_chain`` (their mixture, as ensembles draft)."""
+def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int],
+                              timer: Timer) -> dict[int, float]:
+    """T_chain(B, S, γ) for each γ of ``lengths``: a greedy chain of γ tokens as ``--compile`` drafts it after ``seq``
+    held tokens (fed once for all of them), ONE graph feeding γ − 1 of them: one row through
+    ``CachedModel.run_chain`` (``single.model_step``, as ``m`` and ``t`` draft), B > 1 member rows through
+    ``BatchedRows.run_chain`` (their mixture, as ensembles draft)."""
     from mmspec_cli.decoding.compiled import compiled_chain
     from mmspec_cli.decoding.kv import CachedModel
     from mmspec_cli.drafters.rows import BatchedRows, Row
     from mmspec_cli.drafters.single import model_step
     from mmspec_cli.drafters.weights import mixture
 
+    if not lengths:
+        return {}
     prefix, _ = random_ids(model, batch, seq, 1)
     if batch == 1:
         cached = CachedModel(model, role="draft", image_token_id=None, kv="compiled")
-        cached.reserve(seq + steps + 1)
+        cached.reserve(seq + max(lengths) + 1)
         first = cached.logits(prefix[0].tolist(), 1)[-1]
         graphs = compiled_chain(model, "greedy chain", cached.compiled, lambda: model_step(model))
-        return timer.median_ms(run=_compiled(graphs, lambda: cached.run_chain(graphs, first, steps, first.shape[-1])),
-                               reset=lambda: cached.rollback(seq))
+        vocab = first.shape[-1]
+        return {g: timer.median_ms(run=_compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab)),
+                                   reset=lambda: cached.rollback(seq)) for g in lengths}
     rows = BatchedRows(model, None, kv="compiled")
     rows.begin([Row(ids=ids) for ids in prefix.tolist()])
-    rows.reserve(steps + 1)
+    rows.reserve(max(lengths) + 1)
     q_k = torch.softmax(rows.logits([]).float(), dim=-1)  # (B, V)
     weights = torch.full((batch,), 1.0 / batch, dtype=torch.float64)
     first = (mixture(q_k, weights), q_k)
-    return timer.median_ms(run=_compiled(rows.chain, lambda: rows.run_chain(first, steps, weights, q_k.shape[-1])),
-                           reset=lambda: rows.rollback(0))
+    vocab = q_k.shape[-1]
+    return {g: timer.median_ms(run=_compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab)),
+                               reset=lambda: rows.rollback(0)) for g in lengths}
 
 
 @torch.inference_mode()
-def compiled_head_chain_latency_ms(head, lm_head, seq: int, steps: int, timer: Timer) -> float:
-    """T_hc(S, γ): a head's greedy chain of ``steps`` tokens as ``--compile`` drafts it after ``seq`` entries, ONE
-    graph of ``head.chain_step`` feeding ``steps`` − 1 of them, called as the head drafter calls it."""
+def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[int],
+                                   timer: Timer) -> dict[int, float]:
+    """T_hc(S, γ) for each γ of ``lengths``: a head's greedy chain of γ tokens as ``--compile`` drafts it after ``seq``
+    entries (written once for all of them), ONE graph of ``head.chain_step`` feeding γ − 1 of them, called as the head
+    drafter calls it."""
     from mmspec_cli.decoding.compiled import compiled_chain
     from mmspec_cli.drafters.head import chain_params, chain_step, compiled_head_step, head_logits
     from mmspec_cli.models.head import causal_mask
 
+    if not lengths:
+        return {}
     weight = head.fc.weight
     generator = torch.Generator().manual_seed(seq)
     prefix = torch.randn(1, seq, head.input_width, generator=generator).to(weight.device, weight.dtype)
-    state = _static_state(head, "head", seq + steps)
+    state = _static_state(head, "head", seq + max(lengths))
     out = head.body(prefix, torch.arange(seq, device=weight.device)[None],  # first write: eager
                     state.fit_mask(causal_mask(seq, 0, weight.dtype, weight.device)), state.cache)
     state.wrote(seq)
     h = out[0, -1]
     first = head_logits(head, lm_head)(h)
-    positions = torch.arange(seq, seq + steps - 1, device=weight.device)[None]
     chain = compiled_chain(head, "greedy chain", compiled_head_step(head, weight.device), lambda: chain_step(head))
 
-    def run():
+    def run(steps: int):
+        positions = torch.arange(seq, seq + steps - 1, device=weight.device)[None]
         out = chain(first, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
         if out is not None:
             state.wrote(steps - 1)  # the graph moved the write pointers itself
         return out
 
-    return timer.median_ms(run=_compiled(chain, run), reset=lambda: state.rollback(seq))
+    return {g: timer.median_ms(run=_compiled(chain, lambda g=g: run(g)), reset=lambda: state.rollback(seq))
+            for g in lengths}
 
 
 @dataclass(frozen=True)
@@ -433,7 +444,8 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     for b in batches if draft else ():
         for s in seqs:
             draft_ms[f"{b},{s}"] = step(draft, b, s, 1, "draft")
-            draft_chain_ms.update({f"{b},{s},{g}": compiled_chain_latency_ms(draft, b, s, g, timer) for g in lengths})
+            draft_chain_ms.update({f"{b},{s},{g}": ms
+                                   for g, ms in compiled_chain_latency_ms(draft, b, s, lengths, timer).items()})
     lm_head = target.get_output_embeddings()
     from mmspec_cli.drafters.head import head_logits
 
@@ -442,7 +454,8 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
         head_ms[kind], chains = {}, {}
         for s in seqs:
             head_ms[kind][str(s)] = head_step(head, head_logits(head, lm_head), s, timer)
-            chains.update({f"{s},{g}": compiled_head_chain_latency_ms(head, lm_head, s, g, timer) for g in lengths})
+            chains.update({f"{s},{g}": ms
+                           for g, ms in compiled_head_chain_latency_ms(head, lm_head, s, lengths, timer).items()})
         if chains:
             head_chain_ms[kind] = chains
     ssd_ms, ssd_setting = {}, None

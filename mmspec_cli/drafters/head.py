@@ -199,7 +199,6 @@ class HeadDrafter(Drafter):
         embeds = self.head.embed_tokens(torch.tensor(list(tokens), device=self.device))
         return self.head.feed_own(embeds, parents_h, None if self.glob is None else self.glob[None])
 
-
     # ------------------------------------------------------------------ chains
 
     @torch.inference_mode()

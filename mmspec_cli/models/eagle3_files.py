@@ -157,8 +157,6 @@ def save_eagle3(head: Eagle3Head, folder: Path, target_name: str, dtype: torch.d
     write_head_folder(Path(folder), config, saved_tensors(head, dtype))
 
 
-
-
 # --------------------------------------------------------------------------- reading any layout
 
 
