@@ -14,7 +14,8 @@ from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.schedules import (AcceptanceEstimate, GammaSchedule, StepCosts, best_gamma, block_ms,
-                                            expected_tokens, fastvlm_length, heuristic_next, nondecreasing, sigmoid)
+                                           block_prices, expected_tokens, fastvlm_length, heuristic_next,
+                                           nondecreasing, sigmoid)
 
 from tests.helpers import MAX_NEW, QUESTION, reference
 
@@ -138,6 +139,19 @@ def test_measured_costs_are_made_nondecreasing_in_tokens_before_they_are_priced(
     noisy = StepCosts({(64, 1): 10.0, (64, 5): 12.0, (64, 6): 11.0})  # 6 tokens timed below 5
     assert noisy.verify(64, 6) == noisy.verify(64, 5) == 11.5
     assert StepCosts({(64, 1): 10.0}, {64: 1.0}, {(64, 3): 2.0, (64, 4): 1.0}).drafting(64, 3) == 2.5
+
+
+def test_a_blocks_prices_over_every_gamma_are_its_drafting_plus_verification_at_any_context():
+    """``StepCosts.prices`` (one blend of vectors computed at the measured S, what the schedule reads each block) is
+    block_ms at every γ, between, on and outside the measured S, with noisy curves pooled at each S."""
+    costs = StepCosts({(100, 1): 10.0, (100, 4): 13.0, (100, 5): 12.0, (300, 1): 20.0, (300, 5): 26.0},
+                      {100: 1.0, 250: 2.0}, {(100, 2): 0.5, (100, 4): 0.4, (300, 2): 1.0, (300, 4): 1.6})
+    for seq in (50, 100, 160, 250, 280, 300, 900):
+        assert costs.prices(seq) == pytest.approx([block_ms(costs, seq, g) for g in range(costs.gamma_max + 1)])
+        assert block_prices(costs, seq, 2) == pytest.approx([block_ms(costs, seq, g) for g in range(3)])
+    assert costs.verify(100, 5) == costs.verify(100, 4) == 12.5  # pooled at S = 100
+    assert costs.drafting(100, 3) == pytest.approx(1.0 + 0.45)  # the chain pooled at S = 100 (0.5, 0.4)
+    assert costs.drafting(300, 3) == pytest.approx(2.0 + 1.3)  # the step held flat past S = 250
 
 
 def test_step_costs_interpolate_in_s_and_n_and_never_extrapolate():

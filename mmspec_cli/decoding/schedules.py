@@ -104,6 +104,20 @@ def nondecreasing(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]
     return [(x, y) for (x, _), y in zip(points, values)]
 
 
+def blend(table: Sequence[tuple[int, Sequence[float]]], x: float) -> list[float]:
+    """The vector at ``x`` interpolated linearly, entry by entry, between the measured vectors of ``table`` (x,
+    values), sorted by x; outside the measured range the nearest end's, held flat (:func:`interpolate`'s rule)."""
+    if x <= table[0][0]:
+        return list(table[0][1])
+    x0, y0 = table[0]
+    for x1, y1 in table[1:]:
+        if x <= x1:
+            w = (x - x0) / (x1 - x0)
+            return [a + (b - a) * w for a, b in zip(y0, y1)]
+        x0, y0 = x1, y1
+    return list(y0)
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """What ``profile-latency`` measured on this machine for one drafter, in ms.
@@ -114,6 +128,12 @@ class StepCosts:
     costs 0 then;
     ``chain_ms``: (S, γ) -> a greedy chain of γ tokens in ONE compiled graph after S (``--compile``'s chains:
     T_chain(B, S, γ), a head's T_hc(S, γ)); empty when chains run step by step (eager, ssd).
+
+    How a context length S between the measured ones is priced: every curve (T_verify over n, T_chain over γ) is
+    first read at each measured S (each n's or γ's own timings interpolated linearly in S where that S was not
+    measured for it) and made nondecreasing there (:func:`nondecreasing`); a context between two measured S gets
+    the linear blend of their curves (:func:`blend`), which is nondecreasing too. So a block's prices over every
+    γ (:meth:`prices`) are one blend of vectors computed once, and agree with :meth:`drafting` + :meth:`verify`.
     """
 
     verify_ms: Mapping[tuple[int, int], float]
@@ -123,77 +143,106 @@ class StepCosts:
     def __post_init__(self) -> None:
         if not self.verify_ms:
             raise ValueError("StepCosts needs at least one measured verification")
-        counts = sorted({n for _, n in self.verify_ms})  # sorted once: a block's γ is chosen in microseconds
-        object.__setattr__(self, "_by_count", [(n, sorted((s, ms) for (s, m), ms in self.verify_ms.items() if m == n))
-                                               for n in counts])
-        object.__setattr__(self, "_draft", sorted(self.draft_ms.items()))
-        object.__setattr__(self, "_chain", [(g, sorted((s, ms) for (s, m), ms in self.chain_ms.items() if m == g))
-                                            for g in sorted({g for _, g in self.chain_ms})])
+        grid = sorted({s for s, _ in self.verify_ms} | set(self.draft_ms) | {s for s, _ in self.chain_ms})
+        counts = sorted({n for _, n in self.verify_ms})
+        by_count = [sorted((s, ms) for (s, m), ms in self.verify_ms.items() if m == n) for n in counts]
+        gammas = sorted({g for _, g in self.chain_ms})
+        by_gamma = [sorted((s, ms) for (s, m), ms in self.chain_ms.items() if m == g) for g in gammas]
+        steps = sorted(self.draft_ms.items())
+        verify = [(s, [y for _, y in nondecreasing([(n, interpolate(p, s)) for n, p in zip(counts, by_count)])])
+                  for s in grid]
+        chain = [(s, [y for _, y in nondecreasing([(g, interpolate(p, s)) for g, p in zip(gammas, by_gamma)])])
+                 for s in grid] if gammas else []
+        step = [(s, [interpolate(steps, s) if steps else 0.0]) for s in grid]
+        for name, value in (("_counts", counts), ("_gammas", gammas), ("_verify", verify), ("_chain", chain),
+                            ("_step", step)):  # computed once: a block's γ is chosen in microseconds
+            object.__setattr__(self, name, value)
+        top = self.gamma_max
+        object.__setattr__(self, "_prices", [
+            (s, [self._drafting(steps_at[0], chain_at, gamma) + interpolate(list(zip(counts, verify_at)), gamma + 1)
+                 for gamma in range(top + 1)])
+            for (s, verify_at), (_, steps_at), (_, chain_at) in zip(verify, step, chain or [(s, []) for s in grid])])
 
     @property
     def gamma_max(self) -> int:
         """The longest draft whose verification (γ + 1 tokens) was measured: the largest n − 1 (at least 1)."""
-        return max(1, self._by_count[-1][0] - 1)
+        return max(1, self._counts[-1] - 1)
 
     def verify_curve(self, seq: int) -> list[tuple[int, float]]:
-        """(n, T_verify(S, n)) at each measured n: the grid interpolated linearly in S (:func:`interpolate`), then made
-        nondecreasing in n (:func:`nondecreasing`)."""
-        return nondecreasing([(n, interpolate(points, seq)) for n, points in self._by_count])
+        """(n, T_verify(S, n)) at each measured n, nondecreasing in n (the class's rule for S between measured)."""
+        return list(zip(self._counts, blend(self._verify, seq)))
 
     def verify(self, seq: int, tokens: int) -> float:
-        """T_verify(S, n): the measured grid interpolated linearly in S at each measured n, made nondecreasing in n,
-        then interpolated linearly in n; outside the measured S or n, the nearest measured value
-        (:func:`interpolate`)."""
+        """T_verify(S, n): :meth:`verify_curve` interpolated linearly in n; outside the measured n, the nearest
+        measured value (:func:`interpolate`)."""
         return interpolate(self.verify_curve(seq), tokens)
 
     def draft(self, seq: int) -> float:
-        """One draft step after ``seq`` tokens, interpolated in S as :meth:`verify`; 0 when no model drafts."""
-        return interpolate(self._draft, seq) if self._draft else 0.0
+        """One draft step after ``seq`` tokens, interpolated linearly in S; 0 when no model drafts."""
+        return blend(self._step, seq)[0]
 
-    def drafting_curve(self, seq: int) -> Callable[[int], float]:
-        """γ -> T_draft(S, γ), a block's drafting: the catch-up step and, with a compiled chain measured, that chain of
-        γ tokens (one graph: :attr:`chain_ms`, interpolated in S, made nondecreasing in γ and interpolated in it as
-        :meth:`verify`); else γ steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone; a block
-        cut to γ = 0 drafts nothing."""
-        step = self.draft(seq)
-        if not self._chain:
-            return lambda gamma: gamma * step
-        chain = nondecreasing([(g, interpolate(points, seq)) for g, points in self._chain])
-        return lambda gamma: 0.0 if gamma <= 0 else step if gamma == 1 else step + interpolate(chain, gamma)
+    def _drafting(self, step: float, chain: Sequence[float], gamma: int) -> float:
+        """T_draft for a catch-up ``step`` and a chain curve ``chain`` (values at :attr:`_gammas`; empty: none)."""
+        if gamma <= 0:
+            return 0.0
+        if not chain:
+            return gamma * step
+        return step if gamma == 1 else step + interpolate(list(zip(self._gammas, chain)), gamma)
 
     def drafting(self, seq: int, gamma: int) -> float:
-        """T_draft(S, γ) (:meth:`drafting_curve`)."""
-        return self.drafting_curve(seq)(gamma)
+        """T_draft(S, γ), a block's drafting: the catch-up step and, with a compiled chain measured, that chain of
+        γ tokens (one graph: :attr:`chain_ms`, nondecreasing in γ and interpolated in it as :meth:`verify`); else γ
+        steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone; a block cut to γ = 0 drafts
+        nothing."""
+        return self._drafting(self.draft(seq), blend(self._chain, seq) if self._chain else [], gamma)
+
+    def prices(self, seq: int) -> list[float]:
+        """[T_draft(S, γ) + T_verify(S, γ + 1) for γ = 0 .. :attr:`gamma_max`] (:func:`block_ms` at each γ), as one
+        blend of the vectors computed at the measured S."""
+        return blend(self._prices, seq)
 
 
 def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
     """The cost of one block at context length S: its drafting and one verification of γ + 1 tokens,
     T_draft(S, γ) + T_verify(S, γ + 1) (TABED Eq. (1)'s denominator with both priced as measured instead of as
     γ + 1 steps: γ · T_step(S) + T_p(1, S, γ + 1) when the draft steps are called one by one, the catch-up step plus
-    one compiled chain when ``--compile`` drafts the chain in one graph, :meth:`StepCosts.drafting_curve`). Every
+    one compiled chain when ``--compile`` drafts the chain in one graph, :meth:`StepCosts.drafting`). Every
     draft step is priced at S: over a block the context grows by at most γ tokens, far less than the measured grid's
     spacing."""
     return costs.drafting(seq, gamma) + costs.verify(seq, gamma + 1)
 
 
-def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None,
-               expected: Callable[[int], float] | None = None, overhead_ms: float = 0.0) -> int:
-    """The γ in [1, γ_max] maximising the expected tokens per ms of a block,
-    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1) + O) (E[τ] over :func:`block_ms` plus ``overhead_ms``, O: a block's cost
-    beyond its forwards' price, :class:`BlockOverhead`; the price is kept above 1% of the verification's when O is
-    negative); ties go to the shorter draft. E[τ(γ)] is ``expected(γ)`` when given (the turn's observed acceptance:
-    :meth:`AcceptanceEstimate.expected`), else :func:`expected_tokens` at ``alpha``. ``gamma_max``: by default
-    ``costs.gamma_max``."""
-    top = costs.gamma_max if gamma_max is None else gamma_max
-    curve, drafting = costs.verify_curve(seq), costs.drafting_curve(seq)  # block_ms, with S interpolated once
-    tokens = expected if expected is not None else (lambda gamma: expected_tokens(alpha, gamma))
+def block_prices(costs: StepCosts, seq: int, gamma_max: int | None = None) -> list[float]:
+    """[:func:`block_ms` (S, γ) for γ = 0 .. γ_max] (``gamma_max``: by default ``costs.gamma_max``), with S
+    interpolated once for all of them: what a block's choice of γ and its update price."""
+    top = costs.gamma_max if gamma_max is None else max(1, gamma_max)
+    if top == costs.gamma_max:
+        return costs.prices(seq)
+    return [block_ms(costs, seq, gamma) for gamma in range(top + 1)]
+
+
+def fastest_length(prices: Sequence[float], expected: Callable[[int], float], overhead_ms: float = 0.0) -> int:
+    """The γ in [1, len(prices) − 1] maximising E[τ(γ)] / (prices[γ] + O): expected tokens per ms of a block priced
+    ``prices[γ]`` (:func:`block_prices`) plus ``overhead_ms`` (O, :class:`BlockOverhead`). The price is kept above
+    1% of the verification-only block's (``prices[0]``) when O is negative; ties go to the shorter draft."""
+    floor = 0.01 * prices[0]
     best, best_rate = 1, -1.0
-    for gamma in range(1, max(1, top) + 1):
-        verify = interpolate(curve, gamma + 1)
-        rate = tokens(gamma) / max(drafting(gamma) + verify + overhead_ms, 0.01 * verify)
+    for gamma in range(1, len(prices)):
+        rate = expected(gamma) / max(prices[gamma] + overhead_ms, floor)
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = gamma, rate
     return best
+
+
+def best_gamma(costs: StepCosts, seq: int, alpha: float, gamma_max: int | None = None,
+               expected: Callable[[int], float] | None = None, overhead_ms: float = 0.0) -> int:
+    """The γ in [1, γ_max] maximising the expected tokens per ms of a block,
+    E[τ(γ)] / (T_draft(γ) + T_verify(γ + 1) + O) (:func:`fastest_length` over :func:`block_prices`; O: a block's
+    cost beyond its forwards' price, :class:`BlockOverhead`). E[τ(γ)] is ``expected(γ)`` when given (the turn's
+    observed acceptance: :meth:`AcceptanceEstimate.expected`), else :func:`expected_tokens` at ``alpha``.
+    ``gamma_max``: by default ``costs.gamma_max``."""
+    tokens = expected if expected is not None else (lambda gamma: expected_tokens(alpha, gamma))
+    return fastest_length(block_prices(costs, seq, gamma_max), tokens, overhead_ms)
 
 
 @dataclass
@@ -310,6 +359,8 @@ class GammaSchedule:
         self.acceptance = AcceptanceEstimate()
         self.overhead = BlockOverhead()
         self.blocks = 0  # blocks seen this turn
+        self._priced_at: int | None = None  # the context of :attr:`_priced`
+        self._priced: list[float] = []
 
     def length(self, context: int) -> int:
         """γ for the next block, with ``context`` tokens (prompt + generated) before it."""
@@ -317,8 +368,7 @@ class GammaSchedule:
             return fastvlm_length(self.gamma, context, self.max_length)
         if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
             curve = self.acceptance.expected_curve(self.costs.gamma_max)  # once a block, not once per γ tried
-            return best_gamma(self.costs, context, self.acceptance.alpha, expected=lambda gamma: curve[gamma - 1],
-                              overhead_ms=self.overhead.ms)
+            return fastest_length(self._prices(context), lambda gamma: curve[gamma - 1], self.overhead.ms)
         return self.current
 
     def update(self, drafted: int, accepted: int, measured_ms: float | None = None, context: int = 0) -> None:
@@ -329,4 +379,12 @@ class GammaSchedule:
         self.acceptance.add(drafted, accepted)
         self.blocks += 1
         if self.name == "cost" and self.costs is not None and measured_ms is not None and self.blocks > 1:
-            self.overhead.add(measured_ms, block_ms(self.costs, context, drafted))
+            prices = self._prices(context)
+            self.overhead.add(measured_ms, prices[drafted] if drafted < len(prices)
+                              else block_ms(self.costs, context, drafted))
+
+    def _prices(self, context: int) -> list[float]:
+        """:meth:`StepCosts.prices` at ``context``, kept for the update of the block it chose γ for (same context)."""
+        if self._priced_at != context:
+            self._priced_at, self._priced = context, self.costs.prices(context)
+        return self._priced
