@@ -14,7 +14,7 @@ from mmspec_cli.errors import InputError, ProfileError
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.schedules import (AcceptanceEstimate, GammaSchedule, StepCosts, best_gamma, block_ms,
-                                           block_prices, expected_tokens, fastvlm_length, heuristic_next,
+                                           OPENING_BLOCKS, block_prices, expected_tokens, fastvlm_length, heuristic_next,
                                            nondecreasing, sigmoid)
 
 from tests.helpers import MAX_NEW, QUESTION, reference
@@ -216,9 +216,12 @@ def test_a_short_draft_kept_in_full_says_nothing_of_the_depths_it_did_not_draft(
 def test_cost_schedule_drafts_gamma_first_then_the_best_length_and_is_constant_without_costs():
     schedule = GammaSchedule("cost", 4, costs=LINEAR)
     assert schedule.length(64) == 4  # no evidence yet: the profile's γ
+    assert OPENING_BLOCKS == 3
     schedule.update(drafted=4, accepted=4)
-    schedule.update(drafted=4, accepted=0)  # α̂ = 4 / 5 = 0.8
-    assert schedule.length(64) == best_gamma(LINEAR, 64, 0.8, expected=schedule.acceptance.expected)
+    schedule.update(drafted=4, accepted=0)
+    assert schedule.length(64) == 4  # two blocks: still the profile's γ
+    schedule.update(drafted=4, accepted=4)  # α̂ = 8 / 9
+    assert schedule.length(64) == best_gamma(LINEAR, 64, 8 / 9, expected=schedule.acceptance.expected) != 4
     without = GammaSchedule("cost", 4)
     without.update(drafted=4, accepted=0)
     assert without.length(64) == 4
@@ -243,8 +246,8 @@ def test_a_blocks_overhead_beyond_its_price_favours_longer_drafts():
 
 @pytest.mark.parametrize("drafter", ["m", "tabed"])
 def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, drafter):
-    """Verification priced at 10 ms per token makes γ = 1 the best after the first block (E[τ] / (γ + 1) falls with
-    γ): the blocks then draft 1 token, and the tokens are still the target's."""
+    """Verification priced at 10 ms per token makes γ = 1 the best after the opening blocks (E[τ] / (γ + 1) falls
+    with γ): the blocks then draft 1 token, and the tokens are still the target's."""
     target = tiny_models["target"]
     steep = StepCosts({(s, n): 10.0 * n for s in (16, 256) for n in range(1, 8)}, {16: 0.5, 256: 0.5})
     decoder = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models["perturbed"]), gamma=4,
@@ -252,12 +255,14 @@ def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, draft
     turn = decoder.generate(tiny.images(1), [QUESTION]).turns[0]
     assert turn.token_ids == reference(target, [QUESTION], [], 1)
     drafted = [len(b.draft) for b in turn.blocks]
-    assert drafted[0] == 4 and 1 in drafted[1:] and set(drafted[1:]) <= {0, 1}  # 0: the last block, cut at the limit
+    opening, chosen = drafted[:OPENING_BLOCKS], drafted[OPENING_BLOCKS:]
+    assert opening == [4] * OPENING_BLOCKS and 1 in chosen and set(chosen) <= {0, 1}  # 0: the last block, cut
     if drafter == "m":  # a tree's verification is not the chain's γ + 1 tokens the costs price: the constant γ
         tree = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models["perturbed"]), gamma=4,
                                   max_new_tokens=MAX_NEW, gamma_schedule="cost", step_costs=steep, tree_width=2)
         blocks = tree.generate(tiny.images(1), [QUESTION]).turns[0].blocks
-        assert [len(b.tree[0]) for b in blocks[:3]] == [4, 4, 4]  # (the costs would make the second block's 1)
+        shown = OPENING_BLOCKS + 2
+        assert [len(b.tree[0]) for b in blocks[:shown]] == [4] * shown  # (the costs would make the fourth block's 1)
 
 
 def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():

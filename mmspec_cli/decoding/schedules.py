@@ -22,8 +22,9 @@
   keeps how acceptance comes in runs). O is what
   the turn's blocks took beyond that price, on average (:class:`BlockOverhead`): the engine's own work around the
   forwards, and how far the isolated step timings of ``profile-latency`` are from the steps inside a block; a
-  block's fixed cost favours longer drafts, which no step cost holds. The first block of a turn, before any
-  evidence, drafts the profile's γ. γ is in
+  block's fixed cost favours longer drafts, which no step cost holds. The first :data:`OPENING_BLOCKS` blocks of a
+  turn draft the profile's γ: one or two blocks' acceptance is too little to choose from (measured:
+  docs/BENCHMARKS.md, issue 31), and blocks of γ tell of every depth up to γ, which later choices read. γ is in
   [1, γ_max] with γ_max = the largest token count whose verification was measured, minus one (so verifying
   γ_max + 1 tokens is a measured cost, never an extrapolated one; the default grid 1, 3, 5, 7 gives γ_max = 6,
   ``profile-latency --gammas 1,3,5,7,9`` allows 8). Without step costs it is ``constant``.
@@ -337,6 +338,10 @@ class BlockOverhead:
         return self.total_ms / self.blocks if self.blocks else 0.0
 
 
+#: Blocks at the start of a turn that draft the profile's γ under ``cost`` before it chooses from their acceptance.
+OPENING_BLOCKS = 3
+
+
 def check_schedule(name: str) -> str:
     if name not in SCHEDULES:
         raise InputError(f"unknown gamma schedule '{name}'; use one of {', '.join(SCHEDULES)}")
@@ -346,7 +351,7 @@ def check_schedule(name: str) -> str:
 @dataclass
 class GammaSchedule:
     """A turn's draft length under schedule ``name``; ``gamma`` is γ (d(0) for fastvlm, γ_max for heuristic, the
-    first block's for cost). ``costs``: what ``cost`` chooses from (None: ``cost`` is ``constant``)."""
+    first OPENING_BLOCKS blocks' for cost). ``costs``: what ``cost`` chooses from (None: ``cost`` is ``constant``)."""
 
     name: str
     gamma: int
@@ -366,7 +371,7 @@ class GammaSchedule:
         """γ for the next block, with ``context`` tokens (prompt + generated) before it."""
         if self.name == "fastvlm":
             return fastvlm_length(self.gamma, context, self.max_length)
-        if self.name == "cost" and self.costs is not None and self.acceptance.alpha is not None:
+        if self.name == "cost" and self.costs is not None and self.acceptance.blocks >= OPENING_BLOCKS:
             curve = self.acceptance.expected_curve(self.costs.gamma_max)  # once a block, not once per γ tried
             return fastest_length(self._prices(context), lambda gamma: curve[gamma - 1], self.overhead.ms)
         return self.current
