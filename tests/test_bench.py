@@ -29,6 +29,7 @@ from mmspec_cli.bench import hub, records as records_mod
 from mmspec_cli.bench.prompts import continue_prompt, paper_prompt, prompt_key_for
 from mmspec_cli.bench.report import check_line, counted, failure_line, table
 from mmspec_cli.bench.samples import Sample, parse_shard, select
+from mmspec_cli.decoding.schedules import OPENING_BLOCKS
 from mmspec_cli.bench.summary import ranks, summarize, token_check
 from mmspec_cli.cli.app import app
 from mmspec_cli.drafters import build_drafter
@@ -262,7 +263,8 @@ def test_gamma_schedule_cost_drafts_from_the_cached_step_costs_or_says_none_are(
     assert measured.exit_code == 0 and "--gamma-schedule cost" not in measured.stderr, measured.stderr
     ar, m = read_jsonl(tmp_path / "cost.jsonl")
     assert m["token_ids"] == ar["token_ids"]
-    assert m["drafted"] <= 3 + (m["blocks"] - 1)  # γ = 3 first, then at most 1 (the constant γ drafts 3 more often)
+    opening = OPENING_BLOCKS  # blocks of γ = 3 first, then at most 1 (the constant γ drafts 3 more often)
+    assert m["blocks"] > opening + 1 and m["drafted"] <= 3 * opening + (m["blocks"] - opening)
 
 
 def test_an_injected_mismatch_is_counted_and_fails_the_run(run, tmp_path):

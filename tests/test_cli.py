@@ -113,9 +113,11 @@ def test_ar_gives_the_same_tokens_and_no_acceptance_rate(files):
 def test_gamma_schedule_cost_says_when_nothing_is_measured_and_drafts_from_the_cached_costs(files, tiny_dirs,
                                                                                            tmp_path, monkeypatch):
     from mmspec_cli.bench import latency
+    from mmspec_cli.decoding.schedules import OPENING_BLOCKS
 
     monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
-    args = (*files["images"], "--profile", files["profile"], "--json", "-q", QUESTION, "--threads", "1", "--gamma", "4")
+    args = (*files["images"], "--profile", files["profile"], "--json", "-q", QUESTION, "--threads", "1", "--gamma", "4",
+            "--max-new-tokens", "32")
     constant = invoke(*args)
     unmeasured = invoke(*args, "--gamma-schedule", "cost")
     assert unmeasured.exit_code == 0, unmeasured.stderr
@@ -125,7 +127,7 @@ def test_gamma_schedule_cost_says_when_nothing_is_measured_and_drafts_from_the_c
                          f"--threads 1 first)")
     [unmeasured_turn], [constant_turn] = json.loads(unmeasured.stdout)["turns"], json.loads(constant.stdout)["turns"]
     assert unmeasured_turn["blocks"] == constant_turn["blocks"]  # the constant γ
-    # verification priced at 10 ms per token: γ = 1 gives the most tokens per ms once a block was verified
+    # verification priced at 10 ms per token
     latency.save(latency.LatencyResult(latency.device_name("cpu", 1), tiny_dirs["target"], tiny_dirs["perturbed"],
                                        {f"{s},{n}": 10.0 * n for s in (16, 256) for n in range(1, 8)},
                                        {"1,16": 0.5, "1,256": 0.5}))
@@ -134,7 +136,10 @@ def test_gamma_schedule_cost_says_when_nothing_is_measured_and_drafts_from_the_c
     [turn] = json.loads(measured.stdout)["turns"]
     assert turn["token_ids"] == constant_turn["token_ids"]  # lossless
     drafted = [len(block["draft"]) for block in turn["blocks"]]
-    assert drafted[0] == 4 and 1 in drafted[1:] and set(drafted[1:]) <= {0, 1}
+    opening, chosen = drafted[:OPENING_BLOCKS], drafted[OPENING_BLOCKS:]  # the opening blocks draft γ
+    # then the costs choose (the rule itself: tests/test_schedules.py): shorter drafts than the constant's here,
+    # with blocks measured far below their 10 ms per token price (the schedule's overhead O takes that in)
+    assert opening == [4] * OPENING_BLOCKS and chosen and max(chosen) < 4
 
 
 def test_ensemble_blocks_carry_their_weights(files):

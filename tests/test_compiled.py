@@ -157,6 +157,37 @@ def test_ssd_drafts_a_large_tree_near_the_end_of_a_static_state(tiny_dirs):
     assert decoders["static"].cached_target.state.capacity > MIN_CAPACITY  # it grew, through the view
 
 
+def test_every_owner_holds_its_state_one_way():
+    """HeldState, the one type every owner keeps its KV state in: a dynamic state is its own; a static pool's one
+    state is claimed at a turn's start (whether the holder's entries are still there) and must still be the holder's
+    in a block (LOST_STATE, one line); moving to another pool, or to none, gives that pool's state or a fresh one."""
+    from mmspec_cli.decoding.compiled import LOST_STATE, HeldState, StaticPool
+    from mmspec_cli.decoding.kv_state import DynamicKV
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=64)
+    mine, theirs = HeldState(config, None, "draft"), HeldState(config, None, "draft")
+    assert isinstance(mine.state, DynamicKV) and mine.state is not theirs.state and not mine.static
+    assert mine.at_turn_start(10) and theirs.at_turn_start(10) and mine.in_block(10) is mine.state
+
+    pool = StaticPool(config)
+    target, other = HeldState(config, pool, "target"), HeldState(config, pool, "draft")
+    assert target.state is other.state is pool.state and target.static  # one state per pool
+    assert not target.at_turn_start(10)  # `other` claimed the pool last, when it was built
+    assert target.at_turn_start(600) and target.state.capacity >= 600  # room made at a turn's start
+    assert target.in_block(20) is pool.state
+    assert not other.at_turn_start(10)  # another decoder's turn: it feeds what it needs again
+    with pytest.raises(MmspecError) as raised:
+        target.in_block(20)  # ... in the middle of the target's turn: said, never re-encoded in silence
+    assert str(raised.value) == LOST_STATE.format(role="target")
+
+    elsewhere = StaticPool(config)
+    other.use(elsewhere)
+    assert other.state is elsewhere.state and other.at_turn_start(5)
+    other.use(None)
+    assert isinstance(other.state, DynamicKV) and not other.static
+
+
 def test_a_decoder_that_loses_its_static_state_in_a_turn_says_so(tiny_models):
     """Two decoders of one target stepped block by block would take the one static state from each other in the
     middle of a turn: the one that finds it taken stops with one line, instead of re-encoding its prompt in silence;

@@ -243,10 +243,6 @@ def ssd_step_latency_ms(model, layer: int, seq: int, timer: Timer, imitation: to
     return timer.median_ms(run=lambda: early_exit_logits(decoder, head, view, step), reset=lambda: view.rollback(seq))
 
 
-class _Timing:
-    """The owner of a static state while a compiled step is timed (a state's owner must be weakly referable)."""
-
-
 class CompiledFailed(Exception):
     """A step could not be compiled, so ``--compile`` has nothing to time (its message says why)."""
 
@@ -263,11 +259,14 @@ def _compiled(step, run: Callable[[], Any]) -> Callable[[], None]:
 
 
 def _static_state(module, purpose: str, needed: int):
-    from mmspec_cli.decoding.compiled import static_pool
+    """The static state of ``module`` for ``purpose``, emptied, with room for ``needed`` positions: held as every owner
+    holds one (``compiled.HeldState``), for as long as a step is timed over it."""
+    from mmspec_cli.decoding.compiled import HeldState, static_pool
 
-    state, _ = static_pool(module, purpose).claim(_Timing(), needed)
-    state.reset()
-    return state
+    held = HeldState(module.config, static_pool(module, purpose), "timed")
+    held.at_turn_start(needed)
+    held.state.reset()
+    return held.state
 
 
 @torch.inference_mode()

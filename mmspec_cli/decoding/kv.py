@@ -17,7 +17,8 @@ model that drops those images (reset, or a prefix that cuts into them) drops the
 
 A static state is one per model, role and process (:func:`~mmspec_cli.decoding.compiled.static_pool`). Decoders
 take turns with it: at a turn's start a cached model that finds it used by another since feeds its prompt
-again; in the middle of a turn that is an error (:data:`LOST_STATE`), never a silent re-encoding.
+again; in the middle of a turn that is an error (:data:`~mmspec_cli.decoding.compiled.LOST_STATE`), never a silent
+re-encoding. It holds its state as every owner does, as a :class:`~mmspec_cli.decoding.compiled.HeldState`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import LOST_STATE, CompiledGraphs, CompiledStep, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, HeldState, compiled_forward, static_pool
 from mmspec_cli.decoding.features import FeatureTrack
-from mmspec_cli.decoding.kv_state import DynamicKV, KVState
+from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
 from mmspec_cli.models.families import family_of
@@ -93,12 +94,16 @@ class CachedModel:
         self.images_end = 0  # one past the last image placeholder the state holds with its pixels
         self.images_count = 0  # how many images the state holds
         self.compiled: CompiledStep | None = compiled_forward(model, role) if kv == "compiled" else None
-        self.pool = None  # the model's static pool for this role (static_pool), found once
-        self.state: KVState = DynamicKV(config=model.config) if kv == "dynamic" else self._pool().claim(self, 1)[0]
+        self.holding = HeldState(model.config, None if kv == "dynamic" else static_pool(model, f"cached {role}"), role)
         self.ids: list[int] = []  # the token ids whose keys/values the state holds, in order
         self.vision: Mapping[str, torch.Tensor] = {}  # the image tensors behind the cached placeholders
         self.tree: PendingTree | None = None  # a token tree fed after ``ids`` and not settled yet
         self.features: FeatureTrack | None = None  # the model's own features at ``ids``, when a draft head reads them
+
+    @property
+    def state(self) -> KVState:
+        """The KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        return self.holding.state
 
     @property
     def cache(self):
@@ -110,32 +115,23 @@ class CachedModel:
         """Positions the state holds."""
         return len(self.ids)
 
-    def _pool(self):
-        if self.pool is None:
-            self.pool = static_pool(self.model, f"cached {self.role}")
-        return self.pool
-
     def _claim(self) -> KVState:
-        """At a turn's start: the state, ready to use; a static one another cached model filled since is emptied (the
+        """At a turn's start: the state, ready to use; a static one another owner filled since is emptied (the
         caller feeds what it needs again)."""
-        if self.kv != "dynamic":
-            self.state, mine = self._pool().claim(self, len(self.ids) + 1)
-            if not mine:
-                self.state.reset()
-                self._forget()
+        if not self.holding.at_turn_start(len(self.ids) + 1):
+            self.state.reset()
+            self._forget()
         return self.state
 
     def _still_held(self) -> KVState:
-        """In a block: the state, which must still hold what this cached model fed (:data:`LOST_STATE`)."""
-        if self.kv != "dynamic":
-            self.state = self._pool().hold(self, len(self.ids) + 1, self.role)
-        return self.state
+        """In a block: the state, which must still hold what this cached model fed (else one line:
+        :data:`~mmspec_cli.decoding.compiled.LOST_STATE`)."""
+        return self.holding.in_block(len(self.ids) + 1)
 
     def reserve(self, positions: int) -> None:
         """Room for ``positions`` in a static state (allocated or grown now, not in the middle of a turn)."""
-        if self.kv != "dynamic":
-            self._claim()  # first: a state another cached model used is emptied for this one
-            self._pool().claim(self, positions)
+        self._claim()  # first: a state another owner used is emptied for this one
+        self.holding.at_turn_start(positions)
 
     def track_features(self, layers: tuple[int, ...] = ()) -> FeatureTrack:
         """From now on keep the model's input embeddings and features of every cached position: its last hidden

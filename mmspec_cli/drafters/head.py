@@ -32,8 +32,9 @@ from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
 from mmspec_cli.decoding.features import position_ids
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step, static_pool
-from mmspec_cli.decoding.kv_state import DynamicKV
+from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, HeldState, compiled_chain, shared_step,
+                                         static_pool)
+from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
@@ -70,15 +71,19 @@ class HeadDrafter(Drafter):
         self.base = 0  # entries before the block's drafts
         self.image_runs: list[tuple[int, int]] = []  # the prompt's image runs (models.head.image_runs), per turn
         self.rope_rows = 1  # rows of the positions an EAGLE-3 head runs at: the target's (3 for M-RoPE)
+        # the head's KV state; its length counts entries, not positions (compressed image tokens replace images)
+        self.holding = HeldState(head.config, None, "draft head")
         self._reset_head()
 
+    @property
+    def state(self) -> KVState:
+        """The head's KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        return self.holding.state
+
     def _reset_head(self) -> None:
-        # the head's KV state; its length counts entries, not positions (compressed image tokens replace images)
-        if self.kv == "dynamic":
-            self.state = DynamicKV(config=self.head.config)
-        else:
-            self.state = static_pool(self.head, "head").claim(self, 1)[0]
-            self.state.reset()
+        self.holding.use(None if self.kv == "dynamic" else static_pool(self.head, "head"))
+        self.holding.at_turn_start(1)
+        self.state.reset()
         self.pairs_done = 0  # pairs (f_p, e_{p+1}) fed so far: p < pairs_done
         self.glob: torch.Tensor | None = None  # the latest image's global feature g (vispec)
         self.last_h: torch.Tensor | None = None  # the head's output at the last fed pair
@@ -107,21 +112,15 @@ class HeadDrafter(Drafter):
         self.prompt = turn.prompt
         self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
         self.prompt_fed = False
-        if self.kv != "dynamic":
-            self._claim()
-            static_pool(self.head, "head").claim(self, len(self.prompt.ids) + turn.room)
+        self._claim()
+        self.holding.at_turn_start(len(self.prompt.ids) + turn.room)
 
     def _claim(self) -> None:
-        """At a turn's start: a static state another head drafter filled since is started over (the catch-up feeds
-        every pair again). In a block, the state must still be this drafter's (``StaticPool.hold``)."""
-        if self.kv == "dynamic":
-            return
-        pool = static_pool(self.head, "head")
+        """At a turn's start: a static state another owner filled since is started over (the catch-up feeds every
+        pair again). In a block, the state must still be this drafter's (``HeldState.in_block``)."""
         if self.prompt_fed:
-            self.state = pool.hold(self, self.entries + 1, "draft head")
-            return
-        self.state, mine = pool.claim(self, self.entries + 1)
-        if not mine:
+            self.holding.in_block(self.entries + 1)
+        elif not self.holding.at_turn_start(self.entries + 1):
             self._reset_head()
 
     # ------------------------------------------------------------------ the verified context

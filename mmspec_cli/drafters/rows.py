@@ -32,9 +32,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, HeldState, StaticPool, compiled_chain,
+                                         compiled_forward, static_pool)
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
-from mmspec_cli.decoding.kv_state import DynamicKV, KVState
+from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
@@ -198,7 +199,7 @@ class BatchedRows:
         self.rows: list[Row] = []  # the rows of the last prefill (a static state lost to another batch: re-fed)
         self.shared: list[int] = []  # shared tokens whose keys/values are in the cache
         self.kv = "dynamic"
-        self.state: KVState = DynamicKV(config=model.config)
+        self.holding = HeldState(model.config, None, "draft")  # a static state: the pool of the rows' batch width
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy mixture chain in one graph (rows_step)
         self.use_kv(kv)
@@ -213,6 +214,11 @@ class BatchedRows:
     @property
     def width(self) -> int:
         return len(self.prefixes)
+
+    @property
+    def state(self) -> KVState:
+        """The rows' KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        return self.holding.state
 
     @property
     def mask(self) -> torch.Tensor:
@@ -268,17 +274,14 @@ class BatchedRows:
                 if kv == "compiled" else None
             self.prefixes = []  # the next begin prefills into the new state
 
-    def _pool(self, width: int | None = None):
-        """The static pool of this model for a batch of ``width`` rows (default: the rows held)."""
-        return static_pool(self.model, f"rows{self.width if width is None else width}")
+    def _pool(self, width: int) -> StaticPool | None:
+        """The static pool of this model for a batch of ``width`` rows; None for a dynamic state."""
+        return None if self.kv == "dynamic" else static_pool(self.model, f"rows{width}")
 
     def _owned(self) -> bool:
-        """Whether the state still holds these rows (a static state another batch of rows used since does not).
-        At a turn's start only: in a block, :meth:`_still_held`."""
-        if self.kv == "dynamic" or not self.width:
-            return True
-        self.state, mine = self._pool().claim(self, self.state.length + 1)
-        return mine
+        """At a turn's start: whether the state still holds these rows (a static state another batch of rows used
+        since does not). In a block: :meth:`_still_held`."""
+        return not self.width or self.holding.at_turn_start(self.state.length + 1)
 
     def _still_mine(self) -> bool:
         """:meth:`_owned`; when not, the rows are prefilled again (their shared tokens are then fed anew)."""
@@ -288,14 +291,14 @@ class BatchedRows:
         return mine
 
     def _still_held(self) -> None:
-        """In a block: the state must still hold these rows (``StaticPool.hold``)."""
-        if self.kv != "dynamic" and self.width:
-            self.state = self._pool().hold(self, self.state.length + 1, "draft")
+        """In a block: the state must still hold these rows (``HeldState.in_block``)."""
+        if self.width:
+            self.holding.in_block(self.state.length + 1)
 
     def reserve(self, after: int) -> None:
         """Room in a static state for ``after`` more positions than the rows hold (at the start of a turn)."""
-        if self.kv != "dynamic" and self.width and self._still_mine():
-            self._pool().claim(self, self.state.length + after)
+        if self.width and self._still_mine():
+            self.holding.at_turn_start(self.state.length + after)
 
     def begin(self, rows: Sequence[Row]) -> list[int]:
         """Use these rows' prompts; returns the shared tokens that must precede the generated ones.
@@ -326,11 +329,9 @@ class BatchedRows:
             inputs = self._model_inputs(rows, length)
         else:
             inputs = {"inputs_embeds": self._embeddings(rows, length)}
-        if self.kv == "dynamic":
-            self.state.reset()
-        else:
-            self.state = self._pool(len(rows)).claim(self, length)[0]
-            self.state.reset()
+        self.holding.use(self._pool(len(rows)))
+        self.holding.at_turn_start(length)
+        self.state.reset()
         self.prefixes = [list(r.ids) for r in rows]
         self.rows = list(rows)
         self.pixels = [_images(r) for r in rows]
