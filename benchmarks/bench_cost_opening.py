@@ -58,7 +58,7 @@ def main() -> None:
 
     print(f"machine: {machine()}")
     print(f"openings {openings} against constant γ {CONSTANTS}; {args.samples} samples per suite × {args.reps} passes; "
-          f"a turn's first block drafts γ = 5 under cost")
+          f"a turn's opening blocks draft γ = 5 under cost")
     for drafter in args.drafters.split(","):
         models = load_models([drafter], compiled=True)
         profile = apply_overrides(models.profile, compile=True, gamma_schedule="cost", gamma=5)

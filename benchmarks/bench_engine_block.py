@@ -490,7 +490,7 @@ def figure_schedule(trees: Trees, cache: Path, latency_error: str | None, opts, 
         return
     for note in result["stderr_notes"]:
         print(f"  worker said: {note}")
-    print(f"cost runs with γ = {opts.cost_gamma} (a turn's first block's); tokens/s = new tokens / the turns' decoding seconds (the turns' "
+    print(f"cost runs with γ = {opts.cost_gamma} (a turn's opening blocks'); tokens/s = new tokens / the turns' decoding seconds (the turns' "
           f"stats.wall_s: compile time left out), all {opts.schedule_samples} sample(s) of each suite × {opts.reps} "
           f"interleaved pass(es)")
     print("drafter | suite | " + " | ".join(f"γ={g}" for g in CONSTANT_GAMMAS) +
@@ -605,7 +605,7 @@ def options(argv: list[str] | None = None):
     parser.add_argument("--reps", type=int, default=None,
                         help="figures 4, 6: interleaved passes over the samples (default 2; --quick 1)")
     parser.add_argument("--cost-gamma", type=int, default=GAMMA,
-                        help="figure 6: the γ given with --gamma-schedule cost, which only a turn's first block drafts "
+                        help="figure 6: the γ given with --gamma-schedule cost, which only a turn's opening blocks draft "
                              "(default 5: the demo profile's, what a user's run gets)")
     parser.add_argument("--latency-args", default=LATENCY_ARGS, help="profile-latency's grid (figures 6, 7)")
     parser.add_argument("--history-turns", type=int, default=0,

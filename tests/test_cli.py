@@ -137,9 +137,9 @@ def test_gamma_schedule_cost_says_when_nothing_is_measured_and_drafts_from_the_c
     assert turn["token_ids"] == constant_turn["token_ids"]  # lossless
     drafted = [len(block["draft"]) for block in turn["blocks"]]
     opening, chosen = drafted[:OPENING_BLOCKS], drafted[OPENING_BLOCKS:]  # the opening blocks draft γ
-    # then the costs choose (the rule itself: tests/test_schedules.py): shorter drafts than the constant's here,
-    # with blocks measured far below their 10 ms per token price (the schedule's overhead O takes that in)
-    assert opening == [4] * OPENING_BLOCKS and chosen and max(chosen) < 4
+    # then the costs choose: at 10 ms per verified token γ = 1 gives the most tokens per ms, whatever the acceptance
+    # (blocks measured far below that price leave each price at 1% of its own: the same choice)
+    assert opening == [4] * OPENING_BLOCKS and 1 in chosen and set(chosen) <= {0, 1}  # 0: the last block, cut
 
 
 def test_ensemble_blocks_carry_their_weights(files):

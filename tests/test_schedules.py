@@ -150,6 +150,9 @@ def test_a_blocks_prices_over_every_gamma_are_its_drafting_plus_verification_at_
         assert costs.prices(seq) == pytest.approx([block_ms(costs, seq, g) for g in range(costs.gamma_max + 1)])
         assert block_prices(costs, seq, 2) == pytest.approx([block_ms(costs, seq, g) for g in range(3)])
     assert costs.verify(100, 5) == costs.verify(100, 4) == 12.5  # pooled at S = 100
+    # between measured S: the blend of the curves pooled at each (pooling at S = 200 itself would give 21 at n = 5)
+    ragged = StepCosts({(100, 1): 10.0, (100, 5): 12.0, (100, 6): 11.0, (300, 1): 20.0, (300, 5): 30.0, (300, 6): 40.0})
+    assert ragged.verify(200, 5) == pytest.approx((11.5 + 30.0) / 2)
     assert costs.drafting(100, 3) == pytest.approx(1.0 + 0.45)  # the chain pooled at S = 100 (0.5, 0.4)
     assert costs.drafting(300, 3) == pytest.approx(2.0 + 1.3)  # the step held flat past S = 250
 
@@ -231,7 +234,8 @@ def test_a_blocks_overhead_beyond_its_price_favours_longer_drafts():
     """O, what blocks took beyond their forwards' price, is a fixed cost per block: at α = 0.8 on LINEAR, γ = 3 with
     none (test above), longer with 10 ms; the turn's first block (the prompt's prefill) is left out of O."""
     assert best_gamma(LINEAR, 64, 0.8, overhead_ms=10.0) == 5
-    assert 1 <= best_gamma(LINEAR, 64, 0.8, overhead_ms=-1000.0) <= LINEAR.gamma_max  # a price held above zero
+    for alpha in (0.5, 0.8, 0.9):  # an O that outweighs every price: each held at 1% of its own, as at O = 0
+        assert best_gamma(LINEAR, 64, alpha, overhead_ms=-1000.0) == best_gamma(LINEAR, 64, alpha) < LINEAR.gamma_max
     schedule = GammaSchedule("cost", 4, costs=LINEAR)
     schedule.update(drafted=4, accepted=4, measured_ms=500.0, context=64)  # the first block: the prefill's
     assert schedule.overhead.ms == 0.0
@@ -246,8 +250,9 @@ def test_a_blocks_overhead_beyond_its_price_favours_longer_drafts():
 
 @pytest.mark.parametrize("drafter", ["m", "tabed"])
 def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, drafter):
-    """Verification priced at 10 ms per token makes γ = 1 the best after the opening blocks (E[τ] / (γ + 1) falls
-    with γ): the blocks then draft 1 token, and the tokens are still the target's."""
+    """Verification priced at 10 ms per token makes γ = 1 the best after the opening blocks (E[τ(γ)] / E[τ(1)] is at
+    most (1 + γ) / 2, less than the prices' ratio (10.5γ + 10) / 20.5, whatever the acceptance): the blocks then draft
+    1 token, and the tokens are still the target's."""
     target = tiny_models["target"]
     steep = StepCosts({(s, n): 10.0 * n for s in (16, 256) for n in range(1, 8)}, {16: 0.5, 256: 0.5})
     decoder = SpeculativeDecoder(target, build_drafter(drafter, target, tiny_models["perturbed"]), gamma=4,

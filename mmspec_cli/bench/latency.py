@@ -259,8 +259,9 @@ def _compiled(step, run: Callable[[], Any]) -> Callable[[], None]:
 
 
 def _static_state(module, purpose: str, needed: int):
-    """The static state of ``module`` for ``purpose``, emptied, with room for ``needed`` positions: held as every owner
-    holds one (``compiled.HeldState``), for as long as a step is timed over it."""
+    """The static state of ``module`` for ``purpose``, claimed as every owner claims one (``compiled.HeldState``), with
+    room for ``needed`` positions, then emptied. The holder is not kept: the next owner to claim the pool finds it
+    used by another and feeds what it needs again."""
     from mmspec_cli.decoding.compiled import HeldState, static_pool
 
     held = HeldState(module.config, static_pool(module, purpose), "timed")

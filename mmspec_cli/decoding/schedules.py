@@ -214,22 +214,23 @@ def block_ms(costs: StepCosts, seq: int, gamma: int) -> float:
 
 
 def block_prices(costs: StepCosts, seq: int, gamma_max: int | None = None) -> list[float]:
-    """[:func:`block_ms` (S, γ) for γ = 0 .. γ_max] (``gamma_max``: by default ``costs.gamma_max``), with S
-    interpolated once for all of them: what a block's choice of γ and its update price."""
+    """[:func:`block_ms` (S, γ) for γ = 0 .. γ_max] (``gamma_max``: by default ``costs.gamma_max``): what a block's
+    choice of γ and its update price. Up to ``costs.gamma_max`` one blend of the vectors computed at the measured S
+    (:meth:`StepCosts.prices`); past it each γ is priced alone (its verification held at the longest measured)."""
     top = costs.gamma_max if gamma_max is None else max(1, gamma_max)
-    if top == costs.gamma_max:
-        return costs.prices(seq)
+    if top <= costs.gamma_max:
+        return costs.prices(seq)[:top + 1]
     return [block_ms(costs, seq, gamma) for gamma in range(top + 1)]
 
 
 def fastest_length(prices: Sequence[float], expected: Callable[[int], float], overhead_ms: float = 0.0) -> int:
     """The γ in [1, len(prices) − 1] maximising E[τ(γ)] / (prices[γ] + O): expected tokens per ms of a block priced
-    ``prices[γ]`` (:func:`block_prices`) plus ``overhead_ms`` (O, :class:`BlockOverhead`). The price is kept above
-    1% of the verification-only block's (``prices[0]``) when O is negative; ties go to the shorter draft."""
-    floor = 0.01 * prices[0]
+    ``prices[γ]`` (:func:`block_prices`) plus ``overhead_ms`` (O, :class:`BlockOverhead`). Each γ's price is kept
+    above 1% of its own when O is negative (so an O that outweighs every price leaves the choice O = 0 makes, not
+    the longest draft); ties go to the shorter draft."""
     best, best_rate = 1, -1.0
     for gamma in range(1, len(prices)):
-        rate = expected(gamma) / max(prices[gamma] + overhead_ms, floor)
+        rate = expected(gamma) / max(prices[gamma] + overhead_ms, 0.01 * prices[gamma])
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = gamma, rate
     return best
@@ -364,7 +365,8 @@ class GammaSchedule:
         self.acceptance = AcceptanceEstimate()
         self.overhead = BlockOverhead()
         self.blocks = 0  # blocks seen this turn
-        self._priced_at: int | None = None  # the context of :attr:`_priced`
+        self._priced_at: int | None = None  # the context and the costs of :attr:`_priced`
+        self._priced_by: StepCosts | None = None
         self._priced: list[float] = []
 
     def length(self, context: int) -> int:
@@ -389,7 +391,8 @@ class GammaSchedule:
                               else block_ms(self.costs, context, drafted))
 
     def _prices(self, context: int) -> list[float]:
-        """:meth:`StepCosts.prices` at ``context``, kept for the update of the block it chose γ for (same context)."""
-        if self._priced_at != context:
-            self._priced_at, self._priced = context, self.costs.prices(context)
+        """:meth:`StepCosts.prices` at ``context``, kept for the update of the block it chose γ for (same context and
+        costs)."""
+        if self._priced_at != context or self._priced_by is not self.costs:
+            self._priced_at, self._priced_by, self._priced = context, self.costs, self.costs.prices(context)
         return self._priced
