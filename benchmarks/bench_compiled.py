@@ -124,7 +124,8 @@ def synchronize(device: torch.device) -> None:
 def step_times(models, rounds: int = 7, seq: int = SEQ, gamma: int = GAMMA) -> dict[str, dict[int, float]]:
     """The target's step of 1 and γ + 1 tokens after ``seq`` cached ones, eager and compiled, median of ``rounds``
     interleaved medians of 20 (ms); on a GPU each step is waited for before the clock is read."""
-    from mmspec_cli.decoding.compiled import HeldState, compiled_forward, static_pool
+    from mmspec_cli.decoding.compiled import compiled_forward
+    from mmspec_cli.decoding.kv_state import HeldState, static_pool
     from mmspec_cli.models.parts import with_cache
     from mmspec_cli.models.positions import TEXT_POSITIONS
 

@@ -161,7 +161,7 @@ def test_every_owner_holds_its_state_one_way():
     """HeldState, the one type every owner keeps its KV state in: a dynamic state is its own; a static pool's one
     state is claimed at a turn's start (whether the holder's entries are still there) and must still be the holder's
     in a block (LOST_STATE, one line); moving to another pool, or to none, gives that pool's state or a fresh one."""
-    from mmspec_cli.decoding.compiled import LOST_STATE, HeldState, StaticPool
+    from mmspec_cli.decoding.kv_state import LOST_STATE, HeldState, StaticPool
     from mmspec_cli.decoding.kv_state import DynamicKV
 
     config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -194,7 +194,7 @@ def test_a_decoder_that_loses_its_static_state_in_a_turn_says_so(tiny_models):
     turns run one after another share the state as before."""
     import itertools
 
-    from mmspec_cli.decoding.compiled import LOST_STATE
+    from mmspec_cli.decoding.kv_state import LOST_STATE
 
     target, draft = tiny_models["target"], tiny_models["perturbed"]
     ssd = {"build": {"ssd_layer": 1}}

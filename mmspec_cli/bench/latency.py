@@ -259,10 +259,10 @@ def _compiled(step, run: Callable[[], Any]) -> Callable[[], None]:
 
 
 def _static_state(module, purpose: str, needed: int):
-    """The static state of ``module`` for ``purpose``, claimed as every owner claims one (``compiled.HeldState``), with
+    """The static state of ``module`` for ``purpose``, claimed as every owner claims one (``kv_state.HeldState``), with
     room for ``needed`` positions, then emptied. The holder is not kept: the next owner to claim the pool finds it
     used by another and feeds what it needs again."""
-    from mmspec_cli.decoding.compiled import HeldState, static_pool
+    from mmspec_cli.decoding.kv_state import HeldState, static_pool
 
     held = HeldState(module.config, static_pool(module, purpose), "timed")
     held.at_turn_start(needed)

@@ -19,10 +19,10 @@ picks the graph by shape itself, and a call skips the guard checks, which cost a
 target's compiled step. A greedy chain is one graph too (:func:`compiled_chain`: the one chain loop over a drafter kind's draft step).
 
 **One per model and process.** A model (or head) has one compiled step and one static state per
-purpose in a process (:func:`shared_step`, :func:`static_pool`), so every
+purpose in a process (:func:`shared_step`, :func:`~mmspec_cli.decoding.kv_state.static_pool`), so every
 decoder of a process (``bench`` and ``compare`` build many) reuses the graphs. Every owner holds its state as a
-:class:`HeldState`: one that finds the state used by another since feeds its prompt again at its next turn (in the
-middle of a turn that is an error: :data:`LOST_STATE`).
+:class:`~mmspec_cli.decoding.kv_state.HeldState`: one that finds the state used by another since feeds its prompt
+again at its next turn (in the middle of a turn that is an error: :data:`~mmspec_cli.decoding.kv_state.LOST_STATE`).
 
 **Backends.** On CPU, inductor with its C++ wrapper (the Python wrapper gains little for small
 models: ``docs/BENCHMARKS.md``); on CUDA, CUDA graphs (what ``mode="reduce-overhead"`` sets, as options:
@@ -55,8 +55,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from mmspec_cli.decoding.chain import chain_loop, greedy_choice
-from mmspec_cli.decoding.kv_state import MAX_STEP, DynamicKV, StaticKV, static_capacity
-from mmspec_cli.errors import MmspecError
+from mmspec_cli.decoding.kv_state import MAX_STEP, StaticKV
 from mmspec_cli.models.parts import text_decoder, with_cache
 
 #: Language models whose compiled step (embeddings, decoder, LM head, as their ``forward`` runs them without
@@ -159,43 +158,6 @@ class CompileLog:
 
 
 LOG = CompileLog()
-
-
-#: A static state taken by another decoder in the middle of a turn (two decoders' turns interleaved).
-LOST_STATE = ("the {role} model's static KV state was used by another decoder in the middle of this turn; run one "
-              "decoder's turn at a time (finish or close a stream before starting another over the same models)")
-
-
-class StaticPool:
-    """One static KV state of a model in this process, and the holder (a :class:`HeldState`, each owner's) that last
-    filled it. It is taken two ways, both through :class:`HeldState`: :meth:`claim` at a turn's start (a holder that
-    finds it used by another since feeds what it needs again), :meth:`hold` in a block (it must still be the
-    holder's: :data:`LOST_STATE`)."""
-
-    def __init__(self, config: Any):
-        self.config = config
-        self.state: StaticKV | None = None
-        self._owner: weakref.ref | None = None  # weak: an owner holds its model, the pool's key
-
-    def claim(self, owner: object, needed: int) -> tuple[StaticKV, bool]:
-        """The state, holding at least ``needed`` positions' room; whether ``owner`` (a holder) still finds its own
-        entries."""
-        if self.state is None:
-            self.state = StaticKV(self.config, static_capacity(needed))
-        else:
-            self.state.room_for(needed - self.state.length)
-        mine = self._owner is not None and self._owner() is owner
-        if not mine:
-            self._owner = weakref.ref(owner)
-        return self.state, mine
-
-    def hold(self, owner: object, needed: int, role: str) -> StaticKV:
-        """In a block: the state, which ``owner`` (the ``role`` model's) must still hold; one line if another decoder
-        took it since (:data:`LOST_STATE`), never a silent re-encoding."""
-        state, mine = self.claim(owner, needed)
-        if not mine:
-            raise MmspecError(LOST_STATE.format(role=role))
-        return state
 
 
 #: transformers' own switch (``integrations/sdpa_attention.py``, transformers 5.23 and later) that makes its SDPA
@@ -417,63 +379,6 @@ def pad_mask(mask: torch.Tensor, written_at: int, pad: int) -> torch.Tensor:
     own = torch.arange(pad, device=mask.device)
     rows[:, 0, own, written_at + n + own] = 0
     return torch.cat([mask, rows], dim=2)
-
-
-_POOLS: "weakref.WeakKeyDictionary[Any, dict[str, StaticPool]]" = weakref.WeakKeyDictionary()
-
-
-def static_pool(module: Any, purpose: str = "cached") -> StaticPool:
-    """The one :class:`StaticPool` of ``module`` (a model, or a draft head) for ``purpose`` in this process (a model's
-    single cached sequence, or a batch of ``rows2``, ...: a static cache has a fixed batch)."""
-    pools = _POOLS.setdefault(module, {})
-    if purpose not in pools:
-        pools[purpose] = StaticPool(module.config)
-    return pools[purpose]
-
-
-class HeldState:
-    """A KV state as its owner holds it: the one type every owner in the decoding loop keeps its state in (a cached
-    model, a batch of draft rows, a head drafter, a timing), and so the one way a static pool is claimed.
-
-    Dynamic (``pool`` None): a :class:`~mmspec_cli.decoding.kv_state.DynamicKV` of the owner's own, which nothing
-    else can take. Static: the state of ``pool`` (:func:`static_pool`: one per module and purpose in a process),
-    which decoders take turns with. :meth:`at_turn_start` claims it and says whether the owner's entries are still
-    in it (if not, the owner feeds what it needs again); :meth:`in_block` refuses a state another decoder took in
-    the middle of a turn (:data:`LOST_STATE`), never re-encoding in silence. How many positions the state holds is
-    its ``length``; what an owner keeps beside it (a cached model's ids, the rows' masks) is the owner's."""
-
-    def __init__(self, config: Any, pool: StaticPool | None, role: str):
-        self.config, self.role = config, role
-        self.pool: StaticPool | None = None
-        self.state: DynamicKV | StaticKV = DynamicKV(config=config)
-        self.use(pool)
-
-    @property
-    def static(self) -> bool:
-        return self.pool is not None
-
-    def use(self, pool: StaticPool | None) -> None:
-        """Hold ``pool``'s state from now on (None: a dynamic one of the owner's own); a new state holds nothing of
-        the owner's, so the owner feeds it anew."""
-        if pool is self.pool:
-            return
-        self.pool = pool
-        self.state = DynamicKV(config=self.config) if pool is None else pool.claim(self, 1)[0]
-
-    def at_turn_start(self, needed: int) -> bool:
-        """At a turn's start: the state, with room for ``needed`` positions, is this owner's from now on; whether the
-        owner's entries are still in it (a static state another owner filled since holds its entries instead)."""
-        if self.pool is None:
-            return True
-        self.state, mine = self.pool.claim(self, needed)
-        return mine
-
-    def in_block(self, needed: int) -> DynamicKV | StaticKV:
-        """In a block: the state, which must still be this owner's (:data:`LOST_STATE` if another decoder took it
-        since), with room for ``needed`` positions."""
-        if self.pool is not None:
-            self.state = self.pool.hold(self, needed, self.role)
-        return self.state
 
 
 _STEPS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()

@@ -15,10 +15,10 @@ Positions after a prompt fed with its images follow that prompt's rope offset (Q
 0 for LLaVA), computed from the prompt when it is fed and held with the ids it belongs to: a cached
 model that drops those images (reset, or a prefix that cuts into them) drops the offset with them.
 
-A static state is one per model, role and process (:func:`~mmspec_cli.decoding.compiled.static_pool`). Decoders
+A static state is one per model, role and process (:func:`~mmspec_cli.decoding.kv_state.static_pool`). Decoders
 take turns with it: at a turn's start a cached model that finds it used by another since feeds its prompt
-again; in the middle of a turn that is an error (:data:`~mmspec_cli.decoding.compiled.LOST_STATE`), never a silent
-re-encoding. It holds its state as every owner does, as a :class:`~mmspec_cli.decoding.compiled.HeldState`.
+again; in the middle of a turn that is an error (:data:`~mmspec_cli.decoding.kv_state.LOST_STATE`), never a silent
+re-encoding. It holds its state as every owner does, as a :class:`~mmspec_cli.decoding.kv_state.HeldState`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, HeldState, compiled_forward, static_pool
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward
 from mmspec_cli.decoding.features import FeatureTrack
-from mmspec_cli.decoding.kv_state import KVState
+from mmspec_cli.decoding.kv_state import HeldState, KVState, static_pool
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
 from mmspec_cli.models.families import family_of
@@ -102,7 +102,7 @@ class CachedModel:
 
     @property
     def state(self) -> KVState:
-        """The KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        """The KV state (:class:`~mmspec_cli.decoding.kv_state.HeldState`'s)."""
         return self.holding.state
 
     @property
@@ -125,7 +125,7 @@ class CachedModel:
 
     def _still_held(self) -> KVState:
         """In a block: the state, which must still hold what this cached model fed (else one line:
-        :data:`~mmspec_cli.decoding.compiled.LOST_STATE`)."""
+        :data:`~mmspec_cli.decoding.kv_state.LOST_STATE`)."""
         return self.holding.in_block(len(self.ids) + 1)
 
     def reserve(self, positions: int) -> None:

@@ -27,15 +27,24 @@ Two kinds:
 
 Position ids are not the state's business: :mod:`mmspec_cli.models.positions` computes them from
 the state's length, one function per model family.
+
+**Who holds a state.** Every owner holds its state as a :class:`HeldState`: a dynamic state of its own, or
+the one static state of a model and purpose in the process (:func:`static_pool`, a :class:`StaticPool`), which
+decoders take turns with: claimed at a turn's start, and in a block still the owner's or one line
+(:data:`LOST_STATE`), never a silent re-encoding.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, StaticLayer
+
+from mmspec_cli.errors import MmspecError
 
 #: The most positions one compiled step feeds (its padding included: ``compiled.PADDED_SIZES``).
 MAX_STEP = 64
@@ -213,3 +222,97 @@ def static_capacity(needed: int) -> int:
     while capacity < needed:
         capacity *= 2
     return capacity
+
+
+#: A static state taken by another decoder in the middle of a turn (two decoders' turns interleaved).
+LOST_STATE = ("the {role} model's static KV state was used by another decoder in the middle of this turn; run one "
+              "decoder's turn at a time (finish or close a stream before starting another over the same models)")
+
+
+class StaticPool:
+    """One static KV state of a model in this process, and the holder (a :class:`HeldState`, each owner's) that last
+    filled it. It is taken two ways, both through :class:`HeldState`: :meth:`claim` at a turn's start (a holder that
+    finds it used by another since feeds what it needs again), :meth:`hold` in a block (it must still be the
+    holder's: :data:`LOST_STATE`)."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.state: StaticKV | None = None
+        self._owner: weakref.ref | None = None  # weak: an owner holds its model, the pool's key
+
+    def claim(self, owner: object, needed: int) -> tuple[StaticKV, bool]:
+        """The state, holding at least ``needed`` positions' room; whether ``owner`` (a holder) still finds its own
+        entries."""
+        if self.state is None:
+            self.state = StaticKV(self.config, static_capacity(needed))
+        else:
+            self.state.room_for(needed - self.state.length)
+        mine = self._owner is not None and self._owner() is owner
+        if not mine:
+            self._owner = weakref.ref(owner)
+        return self.state, mine
+
+    def hold(self, owner: object, needed: int, role: str) -> StaticKV:
+        """In a block: the state, which ``owner`` (the ``role`` model's) must still hold; one line if another decoder
+        took it since (:data:`LOST_STATE`), never a silent re-encoding."""
+        state, mine = self.claim(owner, needed)
+        if not mine:
+            raise MmspecError(LOST_STATE.format(role=role))
+        return state
+
+
+_POOLS: "weakref.WeakKeyDictionary[Any, dict[str, StaticPool]]" = weakref.WeakKeyDictionary()
+
+
+def static_pool(module: Any, purpose: str = "cached") -> StaticPool:
+    """The one :class:`StaticPool` of ``module`` (a model, or a draft head) for ``purpose`` in this process (a model's
+    single cached sequence, or a batch of ``rows2``, ...: a static cache has a fixed batch)."""
+    pools = _POOLS.setdefault(module, {})
+    if purpose not in pools:
+        pools[purpose] = StaticPool(module.config)
+    return pools[purpose]
+
+
+class HeldState:
+    """A KV state as its owner holds it: the one type every owner in the decoding loop keeps its state in (a cached
+    model, a batch of draft rows, a head drafter, a timing), and so the one way a static pool is claimed.
+
+    Dynamic (``pool`` None): a :class:`~mmspec_cli.decoding.kv_state.DynamicKV` of the owner's own, which nothing
+    else can take. Static: the state of ``pool`` (:func:`static_pool`: one per module and purpose in a process),
+    which decoders take turns with. :meth:`at_turn_start` claims it and says whether the owner's entries are still
+    in it (if not, the owner feeds what it needs again); :meth:`in_block` refuses a state another decoder took in
+    the middle of a turn (:data:`LOST_STATE`), never re-encoding in silence. How many positions the state holds is
+    its ``length``; what an owner keeps beside it (a cached model's ids, the rows' masks) is the owner's."""
+
+    def __init__(self, config: Any, pool: StaticPool | None, role: str):
+        self.config, self.role = config, role
+        self.pool: StaticPool | None = None
+        self.state: DynamicKV | StaticKV = DynamicKV(config=config)
+        self.use(pool)
+
+    @property
+    def static(self) -> bool:
+        return self.pool is not None
+
+    def use(self, pool: StaticPool | None) -> None:
+        """Hold ``pool``'s state from now on (None: a dynamic one of the owner's own); a new state holds nothing of
+        the owner's, so the owner feeds it anew."""
+        if pool is self.pool:
+            return
+        self.pool = pool
+        self.state = DynamicKV(config=self.config) if pool is None else pool.claim(self, 1)[0]
+
+    def at_turn_start(self, needed: int) -> bool:
+        """At a turn's start: the state, with room for ``needed`` positions, is this owner's from now on; whether the
+        owner's entries are still in it (a static state another owner filled since holds its entries instead)."""
+        if self.pool is None:
+            return True
+        self.state, mine = self.pool.claim(self, needed)
+        return mine
+
+    def in_block(self, needed: int) -> DynamicKV | StaticKV:
+        """In a block: the state, which must still be this owner's (:data:`LOST_STATE` if another decoder took it
+        since), with room for ``needed`` positions."""
+        if self.pool is not None:
+            self.state = self.pool.hold(self, needed, self.role)
+        return self.state

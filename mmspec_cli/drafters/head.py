@@ -32,9 +32,8 @@ from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
 from mmspec_cli.decoding.features import position_ids
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, HeldState, compiled_chain, shared_step,
-                                         static_pool)
-from mmspec_cli.decoding.kv_state import KVState
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step
+from mmspec_cli.decoding.kv_state import HeldState, KVState, static_pool
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
@@ -77,7 +76,7 @@ class HeadDrafter(Drafter):
 
     @property
     def state(self) -> KVState:
-        """The head's KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        """The head's KV state (:class:`~mmspec_cli.decoding.kv_state.HeldState`'s)."""
         return self.holding.state
 
     def _reset_head(self) -> None:

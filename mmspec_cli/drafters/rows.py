@@ -32,10 +32,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mmspec_cli.decoding.compiled import (CompiledGraphs, CompiledStep, HeldState, StaticPool, compiled_chain,
-                                         compiled_forward, static_pool)
+from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, compiled_forward
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
-from mmspec_cli.decoding.kv_state import KVState
+from mmspec_cli.decoding.kv_state import HeldState, KVState, StaticPool, static_pool
 from mmspec_cli.decoding.sampling import working_dtype
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import ModelLoadError
@@ -217,7 +216,7 @@ class BatchedRows:
 
     @property
     def state(self) -> KVState:
-        """The rows' KV state (:class:`~mmspec_cli.decoding.compiled.HeldState`'s)."""
+        """The rows' KV state (:class:`~mmspec_cli.decoding.kv_state.HeldState`'s)."""
         return self.holding.state
 
     @property
@@ -266,7 +265,7 @@ class BatchedRows:
 
     def use_kv(self, kv: str) -> None:
         """Keep the rows' KV state as ``kv`` says (``kv.KV_KINDS``): static, and compiled, when the target's is.
-        A static state is one per model and batch width in this process (``compiled.static_pool``)."""
+        A static state is one per model and batch width in this process (``kv_state.static_pool``)."""
         if kv != self.kv:
             self.kv = kv
             self.compiled = compiled_forward(self.model, "draft") if kv == "compiled" else None
