@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_demo_suites import machine  # noqa: E402
-from bench_engine_block import LATENCY_ARGS, decoder_for, load_models, samples_of  # noqa: E402
+from bench_engine_block import LATENCY_ARGS, decoder_for, interleaved, load_models, samples_of  # noqa: E402
 
 CONSTANTS = (4, 5, 7)
 SUITES = ("demo-story", "demo-followup")
@@ -57,8 +57,8 @@ def main() -> None:
     from mmspec_cli.models.profiles import apply_overrides
 
     print(f"machine: {machine()}")
-    print(f"openings {openings} against constant γ {CONSTANTS}; {args.samples} samples per suite × {args.reps} passes; "
-          f"a turn's opening blocks draft γ = 5 under cost")
+    print(f"openings {openings} against constant γ {CONSTANTS}; {args.samples} samples per suite × {args.reps} "
+          f"passes; a turn's opening blocks draft γ = 5 under cost")
     for drafter in args.drafters.split(","):
         models = load_models([drafter], compiled=True)
         profile = apply_overrides(models.profile, compile=True, gamma_schedule="cost", gamma=5)
@@ -85,13 +85,10 @@ def main() -> None:
                 for sample in samples:
                     turn(name, sample)
             passes = [{name: [0, 0.0] for name in names} for _ in range(args.reps)]
-            for rep in range(args.reps):
-                for k, sample in enumerate(samples):
-                    shift = (k + rep) % len(names)
-                    for name in names[shift:] + names[:shift]:
-                        result = turn(name, sample)
-                        passes[rep][name][0] += result.stats.new_tokens
-                        passes[rep][name][1] += result.stats.wall_s
+            for rep, sample, name in interleaved(names, samples, args.reps):
+                result = turn(name, sample)
+                passes[rep][name][0] += result.stats.new_tokens
+                passes[rep][name][1] += result.stats.wall_s
             rate = {name: sum(p[name][0] for p in passes) / sum(p[name][1] for p in passes) for name in names}
             base = names[0]
             line = " ".join(f"{name}:{value:.0f}" for name, value in rate.items())

@@ -65,7 +65,9 @@ import tempfile
 import time
 import tokenize
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
@@ -822,6 +824,16 @@ def decoder_for(models, drafter: str, recorded=None, step_costs=None, **override
     return chosen.decoder(drafter, recorded=recorded) if recorded is not None else chosen.decoder(drafter)
 
 
+def interleaved(names: Sequence[str], samples: Sequence, reps: int) -> Iterator[tuple[int, Any, str]]:
+    """(pass, sample, name) in the order a comparison runs them: every name on each sample, the name that goes first
+    rotating sample by sample and pass by pass, so that no name always runs first or after the same one."""
+    for rep in range(reps):
+        for k, sample in enumerate(samples):
+            shift = (k + rep) % len(names)
+            for name in names[shift:] + names[:shift]:
+                yield rep, sample, name
+
+
 def samples_of(spec) -> list:
     from mmspec_cli.bench.sources import resolve
 
@@ -1016,23 +1028,20 @@ def job_pld(job: dict, clock: ForwardClock) -> dict:
             for decoder in (decoders.values() if k == 0 else [decoders["mmspec ar"]]):
                 _, _, prompts[sample.id] = stream_blocks(decoder, sample, clock, limit)
         rows = {name: {"tokens": 0, "calls": 0, "seconds": 0.0, "outputs": {}} for name in configs}
-        for rep in range(job["reps"]):
-            for k, sample in enumerate(samples):
-                shift = (k + rep) % len(configs)
-                for name in configs[shift:] + configs[:shift]:
-                    if name in decoders:
-                        turn = decoders[name].generate(list(sample.images), list(sample.turns),
-                                                       history=tuple(sample.history), max_new_tokens=limit).turns[-1]
-                        tokens, calls, seconds = list(turn.token_ids), turn.stats.blocks, turn.stats.wall_s
-                    else:
-                        extra = {} if name == "HF greedy" else {"prompt_lookup_num_tokens": int(name.split("=")[1]),
-                                                                "suppress_tokens": [image_token]}
-                        tokens, calls, seconds = hf_generate(models.target, sample, prompts[sample.id], limit, **extra)
-                    row = rows[name]
-                    row["tokens"] += len(tokens)
-                    row["calls"] += calls
-                    row["seconds"] += seconds
-                    row["outputs"][sample.id] = tokens
+        for _, sample, name in interleaved(configs, samples, job["reps"]):
+            if name in decoders:
+                turn = decoders[name].generate(list(sample.images), list(sample.turns),
+                                               history=tuple(sample.history), max_new_tokens=limit).turns[-1]
+                tokens, calls, seconds = list(turn.token_ids), turn.stats.blocks, turn.stats.wall_s
+            else:
+                extra = {} if name == "HF greedy" else {"prompt_lookup_num_tokens": int(name.split("=")[1]),
+                                                        "suppress_tokens": [image_token]}
+                tokens, calls, seconds = hf_generate(models.target, sample, prompts[sample.id], limit, **extra)
+            row = rows[name]
+            row["tokens"] += len(tokens)
+            row["calls"] += calls
+            row["seconds"] += seconds
+            row["outputs"][sample.id] = tokens
         out = {}
         for name, row in rows.items():
             base = rows["mmspec ar" if name in decoders else "HF greedy"]
@@ -1081,16 +1090,13 @@ def job_schedule(job: dict, clock: ForwardClock) -> dict:
             tokens = [{name: 0 for name in configs} for _ in range(job["reps"])]  # per pass
             seconds = [{name: 0.0 for name in configs} for _ in range(job["reps"])]
             drafted = []
-            for rep in range(job["reps"]):
-                for k, sample in enumerate(samples):
-                    shift = (k + rep) % len(configs)
-                    for name in configs[shift:] + configs[:shift]:
-                        turn = decoders[name].generate(list(sample.images), list(sample.turns),
-                                                       history=tuple(sample.history), max_new_tokens=limit).turns[-1]
-                        tokens[rep][name] += turn.stats.new_tokens
-                        seconds[rep][name] += turn.stats.wall_s
-                        if name == "cost":
-                            drafted += [len(block.draft) for block in turn.blocks]
+            for rep, sample, name in interleaved(configs, samples, job["reps"]):
+                turn = decoders[name].generate(list(sample.images), list(sample.turns),
+                                               history=tuple(sample.history), max_new_tokens=limit).turns[-1]
+                tokens[rep][name] += turn.stats.new_tokens
+                seconds[rep][name] += turn.stats.wall_s
+                if name == "cost":
+                    drafted += [len(block.draft) for block in turn.blocks]
             rates[drafter][suite] = {name: sum(t[name] for t in tokens) / sum(s[name] for s in seconds)
                                      for name in configs}
             rates[drafter][suite]["passes"] = [{name: t[name] / s[name] for name in configs}
