@@ -115,10 +115,10 @@ class CachedModel:
         """Positions the state holds."""
         return len(self.ids)
 
-    def _claim(self) -> KVState:
-        """At a turn's start: the state, ready to use; a static one another owner filled since is emptied (the
-        caller feeds what it needs again)."""
-        if not self.holding.at_turn_start(len(self.ids) + 1):
+    def _claim(self, room: int = 0) -> KVState:
+        """At a turn's start: the state, ready to use, with room for ``room`` positions; a static one another owner
+        filled since is emptied (the caller feeds what it needs again)."""
+        if not self.holding.at_turn_start(max(len(self.ids) + 1, room)):
             self.state.reset()
             self._forget()
         return self.state
@@ -130,8 +130,7 @@ class CachedModel:
 
     def reserve(self, positions: int) -> None:
         """Room for ``positions`` in a static state (allocated or grown now, not in the middle of a turn)."""
-        self._claim()  # first: a state another owner used is emptied for this one
-        self.holding.at_turn_start(positions)
+        self._claim(positions)  # a state another owner used is emptied for this one
 
     def track_features(self, layers: tuple[int, ...] = ()) -> FeatureTrack:
         """From now on keep the model's input embeddings and features of every cached position: its last hidden

@@ -111,15 +111,15 @@ class HeadDrafter(Drafter):
         self.prompt = turn.prompt
         self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
         self.prompt_fed = False
-        self._claim()
-        self.holding.at_turn_start(len(self.prompt.ids) + turn.room)
+        self._claim(len(self.prompt.ids) + turn.room)
 
-    def _claim(self) -> None:
+    def _claim(self, room: int = 0) -> None:
         """At a turn's start: a static state another owner filled since is started over (the catch-up feeds every
-        pair again). In a block, the state must still be this drafter's (``HeldState.in_block``)."""
+        pair again), with room for ``room`` entries. In a block, the state must still be this drafter's
+        (``HeldState.in_block``)."""
         if self.prompt_fed:
             self.holding.in_block(self.entries + 1)
-        elif not self.holding.at_turn_start(self.entries + 1):
+        elif not self.holding.at_turn_start(max(self.entries + 1, room)):
             self._reset_head()
 
     # ------------------------------------------------------------------ the verified context

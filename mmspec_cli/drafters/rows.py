@@ -277,14 +277,14 @@ class BatchedRows:
         """The static pool of this model for a batch of ``width`` rows; None for a dynamic state."""
         return None if self.kv == "dynamic" else static_pool(self.model, f"rows{width}")
 
-    def _owned(self) -> bool:
+    def _owned(self, after: int = 1) -> bool:
         """At a turn's start: whether the state still holds these rows (a static state another batch of rows used
-        since does not). In a block: :meth:`_still_held`."""
-        return not self.width or self.holding.at_turn_start(self.state.length + 1)
+        since does not), with room for ``after`` more positions. In a block: :meth:`_still_held`."""
+        return not self.width or self.holding.at_turn_start(self.state.length + after)
 
-    def _still_mine(self) -> bool:
+    def _still_mine(self, after: int = 1) -> bool:
         """:meth:`_owned`; when not, the rows are prefilled again (their shared tokens are then fed anew)."""
-        mine = self._owned()
+        mine = self._owned(after)
         if not mine:
             self._prefill(self.rows)
         return mine
@@ -296,8 +296,7 @@ class BatchedRows:
 
     def reserve(self, after: int) -> None:
         """Room in a static state for ``after`` more positions than the rows hold (at the start of a turn)."""
-        if self.width and self._still_mine():
-            self.holding.at_turn_start(self.state.length + after)
+        self._still_mine(after)  # claimed with that room
 
     def begin(self, rows: Sequence[Row]) -> list[int]:
         """Use these rows' prompts; returns the shared tokens that must precede the generated ones.
