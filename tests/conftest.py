@@ -9,6 +9,7 @@ from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 
 from tests import tiny
+from tests.helpers import DEVICE
 
 
 # Tiny models: one thread is faster than two and keeps timings steady on a shared 2-core machine.
@@ -16,7 +17,7 @@ torch.set_num_threads(1)
 
 
 def load(path: str, role: str):
-    return load_model(ModelSpec(model=path, dtype="float64", device="cpu"), role)
+    return load_model(ModelSpec(model=path, dtype="float64", device=DEVICE), role)
 
 
 @pytest.fixture(scope="session")

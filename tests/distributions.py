@@ -12,7 +12,7 @@ import torch
 from mmspec_cli.decoding.sampling import SamplingParams, probabilities
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.helpers import QUESTION
+from tests.helpers import QUESTION, uncached_forward
 
 #: The engine-level tests sample with top-k 4: at most 16 outcomes for the first two tokens.
 PARAMS = SamplingParams(temperature=1.0, top_k=4)
@@ -137,13 +137,13 @@ def exact_joint(target, n_images: int = 1, params: SamplingParams = PARAMS, ques
     images = tiny.images(n_images) if images is None else images
     text = render_prompt(target.processor, [question], [], len(images))
     prompt = process(target.processor, text, images)
-    vision = {k: v.to(target.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     with torch.no_grad():
         def next_probs(ids):
-            types = vision.get("mm_token_type_ids")  # Qwen-VL: one modality per id, text (0) after the prompt
+            types = prompt.vision.get("mm_token_type_ids")  # Qwen-VL: one modality per id, text (0) after the prompt
             extra = {} if types is None else {"mm_token_type_ids": torch.nn.functional.pad(types, (0, len(ids) - types.shape[1]))}
-            out = target.model(input_ids=torch.tensor([ids]), **{**vision, **extra})
-            logits = RepetitionPenaltyLogitsProcessor(repetition_penalty)(torch.tensor([ids]), out.logits[:, -1])
+            out = uncached_forward(target.model, ids, {**prompt.vision, **extra})
+            seen = torch.tensor([ids], device=out.logits.device)
+            logits = RepetitionPenaltyLogitsProcessor(repetition_penalty)(seen, out.logits[:, -1])
             return probabilities(logits[0], params)
 
         p1 = next_probs(prompt.ids)

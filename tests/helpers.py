@@ -3,6 +3,7 @@ a speculative decoder of the tiny models (``speculative_decoder``, ``decode``)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from tests import tiny
 QUESTION = "what is in the image?"
 FOLLOW_UP = "and how many shapes are there?"
 MAX_NEW = 24
+#: Where the shared tiny models (``tests/conftest.py``) and the quantized family load: the CPU, or the device
+#: ``MMSPEC_TEST_DEVICE`` names (``cuda`` runs the engine's tests on a GPU; what the tests assert is the same).
+DEVICE = os.environ.get("MMSPEC_TEST_DEVICE", "cpu")
 
 
 def write_profile(path: Path, target: str, draft: str, **decoding) -> str:
@@ -96,9 +100,24 @@ def own_generate(target, questions: Sequence[str], answers: Sequence[str], count
     for the turn after ``answers``, its user turns showing ``counts`` of ``images`` in order (an int: all of them in
     the first turn), the images passed as one sample, as ``apply_chat_template(tokenize=True)`` passes them."""
     text = render_prompt(target.processor, questions, answers, counts if isinstance(counts, int) else list(counts))
+    return generate_from_text(target, text, images, max_new_tokens)
+
+
+def generate_from_text(target, text: str, images: Sequence, max_new_tokens: int = MAX_NEW) -> list[int]:
+    """The target's own ``generate(do_sample=False)`` on ``text`` as given (a rendered or a raw prompt) with
+    ``images`` as one sample: the new token ids."""
     inputs = target.processor(images=[list(images)] if images else None, text=text, return_tensors="pt")
+    inputs = inputs.to(target.model.device)
     out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def uncached_forward(model, ids: Sequence[int], vision: dict, **options):
+    """ONE forward of ``model`` over ``ids`` without a cache, with a prompt's ``vision`` inputs (floating ones in the
+    model's dtype), on the model's device: the from-scratch reference that tests of cached drafting compare with."""
+    inputs = {k: v.to(model.device, model.dtype) if v.is_floating_point() else v.to(model.device)
+              for k, v in vision.items()}
+    return model(input_ids=torch.tensor([list(ids)], device=model.device), **inputs, **options)
 
 
 def reference(target, questions: Sequence[str], answers: Sequence[str], n_images: int,

@@ -24,7 +24,7 @@ from mmspec_cli.decoding.events import BlockVerified, Generation, TurnFinished, 
 from mmspec_cli.models.images import load_images
 from mmspec_cli.decoding.metrics import RunStats
 
-from tests.helpers import assert_one_line_error, tiny_files, write_profile
+from tests.helpers import assert_one_line_error, generate_from_text, tiny_files, write_profile
 
 QUESTION = "what is in the image?"
 MAX_NEW = 10
@@ -63,10 +63,7 @@ def reference_ids(target, image_paths: list[str], question: str, max_new_tokens:
     content = [{"type": "image"} for _ in image_paths] + [{"type": "text", "text": question}]
     prompt = target.processor.apply_chat_template([{"role": "user", "content": content}],
                                                   add_generation_prompt=True, tokenize=False)
-    batch = target.processor(images=load_images(image_paths), text=prompt, return_tensors="pt")
-    batch["pixel_values"] = batch["pixel_values"].to(torch.float64)
-    out = target.model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, batch["input_ids"].shape[1]:].tolist()
+    return generate_from_text(target, prompt, load_images(image_paths), max_new_tokens)
 
 
 # --------------------------------------------------------------------------- --json

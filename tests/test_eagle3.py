@@ -14,7 +14,7 @@ from mmspec_cli.models.head import causal_mask
 from mmspec_cli.models.prompts import process, render_prompt
 from mmspec_cli.decoding.drafter import DraftShape, Kept
 from tests import tiny
-from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, reference, speculative_decoder
+from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, reference, speculative_decoder, uncached_forward
 
 DYNAMIC = dict(tree="dynamic", tree_budget=12, tree_depth=3, tree_topk=3)
 TREES = {"chain": {}, "width": dict(tree_width=2), "dynamic": DYNAMIC}
@@ -124,10 +124,9 @@ def reference_chain(head, target, prompt, generated, tokens):
     """The head's distributions (γ, V) along the drafted ``tokens``, from scratch at every step: the target's layer
     inputs from ONE uncached forward, no head cache; a drafted entry's feature is the head's own output at its
     parent, its position the last one + 1 (1-D positions: the LLaVA target's own)."""
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     verified = prompt.ids + generated
     with torch.no_grad():
-        out = target.model(input_ids=torch.tensor([verified]), output_hidden_states=True, **vision)
+        out = uncached_forward(target.model, verified, prompt.vision, output_hidden_states=True)
     fused = head.fc(torch.cat([out.hidden_states[k][0] for k in head.layers_read], dim=-1))[:-1]  # pairs 0 .. n − 2
     ids, xs, dists = list(verified), fused, []
     for token in tokens:
@@ -237,9 +236,8 @@ def guessing_eagle3(target) -> Eagle3Head:
     puts all its mass on tokens the target (sampling with top-k 4) may say, yet differs from p, and is 0 at every
     other id: a q read at the wrong ids, or drawn from over the wrong tokens, shows in the counts."""
     prompt = process(target.processor, render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     with torch.no_grad():
-        logits = target.model(input_ids=torch.tensor([prompt.ids]), **vision).logits[0, -1]
+        logits = uncached_forward(target.model, prompt.ids, prompt.vision).logits[0, -1]
     head = random_eagle3(target, draft_vocab=4)
     head.set_vocabulary(logits.topk(4).indices.tolist())
     return head

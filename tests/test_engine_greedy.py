@@ -7,7 +7,7 @@ import torch
 
 from tests import tiny
 from mmspec_cli.models.prompts import render_prompt
-from tests.helpers import FOLLOW_UP, MAX_NEW, QUESTION, decode, reference, speculative_decoder
+from tests.helpers import FOLLOW_UP, QUESTION, decode, generate_from_text, reference, speculative_decoder
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +90,15 @@ def test_no_chat_template_falls_back_to_llava15_format(tiny_models):
     text = render_prompt(target.processor, [QUESTION], [], 1)
     assert text == f"USER: <image>\n{QUESTION} ASSISTANT:"
     decoder = speculative_decoder(target, "t", tiny_models["perturbed"])
-    inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
-    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
-    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == ref.tolist()
+    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == generate_from_text(target, text, tiny.images(1))
 
 
 def test_raw_prompt_is_used_verbatim(tiny_models):
     target = tiny_models["target"]
     raw = "USER: <image>\n<image>\nCompare them. ASSISTANT:"
     decoder = speculative_decoder(target, "m", tiny_models["perturbed"])
-    inputs = target.processor(images=tiny.images(2), text=raw, return_tensors="pt")
-    ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
-    assert decoder.generate(tiny.images(2), [], raw_prompt=raw).turns[0].token_ids == ref.tolist()
+    assert decoder.generate(tiny.images(2), [], raw_prompt=raw).turns[0].token_ids == generate_from_text(
+        target, raw, tiny.images(2))
 
 
 def test_text_only_view_replaces_each_image_by_one_newline(tiny_models):
@@ -125,10 +122,9 @@ def test_a_reused_decoder_sees_the_new_image(tiny_models):
         first, second = tiny.images(2)
         decoder.generate([first], [QUESTION])
         text = render_prompt(target.processor, [QUESTION], [], 1)
-        inputs = target.processor(images=[second], text=text, return_tensors="pt")
-        ref = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)[0, inputs["input_ids"].shape[1]:]
-        assert decoder.generate([second], [QUESTION]).turns[0].token_ids == ref.tolist()
-        assert decoder.generate([first], [QUESTION]).turns[0].token_ids != ref.tolist()
+        own = generate_from_text(target, text, [second])
+        assert decoder.generate([second], [QUESTION]).turns[0].token_ids == own
+        assert decoder.generate([first], [QUESTION]).turns[0].token_ids != own
 
 
 def test_wall_time_does_not_count_the_consumers_time(tiny_models):

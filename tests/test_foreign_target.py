@@ -21,7 +21,7 @@ from mmspec_cli.models.prompts import process, render_prompt
 
 from tests import tiny
 from tests.conftest import load
-from tests.helpers import decode, own_generate, save_images
+from tests.helpers import decode, generate_from_text, own_generate, save_images
 
 runner = CliRunner()
 QUESTIONS = ["what is in the image?", "how many shapes are there?"]
@@ -110,9 +110,7 @@ def test_later_turns_after_placeholder_answers_are_the_targets_own(family, draft
     assert IMAGE_ID in first.token_ids
     for turn, answers in ((first, []), (second, [first.text])):
         text = render_prompt(target.processor, QUESTIONS, answers, 1)
-        inputs = target.processor(images=tiny.images(1), text=text, return_tensors="pt")
-        out = target.model.generate(**inputs, do_sample=False, max_new_tokens=16)
-        assert turn.token_ids == out[0, inputs["input_ids"].shape[1]:].tolist()
+        assert turn.token_ids == generate_from_text(target, text, tiny.images(1), 16)
 
 
 def test_bench_over_two_turns_stays_lossless(family, tmp_path):

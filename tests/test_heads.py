@@ -20,7 +20,7 @@ from mmspec_cli.models.head_files import head_config, load_head, save_head
 from mmspec_cli.models.profiles import profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, speculative_decoder
+from tests.helpers import FOLLOW_UP, QUESTION, after_block, begin_turn, chain, speculative_decoder, uncached_forward
 from mmspec_cli.decoding.drafter import DraftShape, Kept
 from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
@@ -68,16 +68,15 @@ def full_features(target, ids, vision):
     """(input embeddings, last hidden states) of ``ids`` from ONE forward without a cache."""
     tap = tap_for(target.model)
     with torch.no_grad():
-        target.model(input_ids=torch.tensor([ids]), **vision)
+        uncached_forward(target.model, ids, vision)
     return tap.take()
 
 
 def reference_chain(head, target, prompt, generated, tokens):
     """The head's distributions (γ, V) along the drafted ``tokens``, recomputed from scratch at every step:
     no head cache, no feature track; the head's own output stands for the target's feature of each drafted token."""
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     verified = prompt.ids + generated
-    embeds, hidden = full_features(target, verified, vision)
+    embeds, hidden = full_features(target, verified, prompt.vision)
     feats, ids, dists = hidden[:-1], list(verified), []
     lm_head = target.model.get_output_embeddings()
     for token in tokens:
@@ -136,8 +135,7 @@ def test_vispec_lays_each_image_out_as_compressed_tokens(tiny_models, heads):
     prompt = process(target.processor, text, tiny.images(2))
     runs = image_runs(prompt.ids, target.image_token_id, len(prompt.ids))
     assert len(runs) == 2
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
-    embeds, hidden = full_features(target, prompt.ids, vision)
+    embeds, hidden = full_features(target, prompt.ids, prompt.vision)
     seq = head_sequence(head, prompt.ids, hidden[:-1], embeds, 0, target.image_token_id, len(prompt.ids))
     slots = sum(t - s for s, t in runs)
     assert len(seq.positions) == len(prompt.ids) - 1 - slots + 2 * (head.num_q - 1)
@@ -190,8 +188,7 @@ def guessing_head(target, kind: str) -> DraftHead:
     tokens (a random head's almost never does, and a rule's q would not matter), yet differs from p."""
     head = random_head(target, kind)
     prompt = process(target.processor, render_prompt(target.processor, [QUESTION], [], 1), tiny.images(1))
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
-    _, hidden = full_features(target, prompt.ids, vision)
+    _, hidden = full_features(target, prompt.ids, prompt.vision)
     with torch.no_grad():
         head.fc.weight.mul_(0.1)
         head.fc.bias.copy_(0.5 * hidden[-1])

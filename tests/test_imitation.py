@@ -17,7 +17,7 @@ from mmspec_cli.models.imitation import ImitationNetwork, load_imitation, save_i
 from mmspec_cli.models.profiles import load_profile, profile_from_dict
 from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny
-from tests.helpers import begin_turn, chain, save_images
+from tests.helpers import begin_turn, chain, save_images, uncached_forward
 from tests.helpers import assert_one_line_error
 from tests.helpers import FOLLOW_UP, QUESTION, reference
 from tests.test_ssd import LAYERS, deep  # noqa: F401  (the 4-layer target fixture)
@@ -42,7 +42,7 @@ def draft_with(target, layer, ids, vision, steps, network=None):
     norm, lm_head = target.model.get_decoder().norm, target.model.get_output_embeddings()
     for _ in range(steps):
         with torch.no_grad():
-            out = target.model(input_ids=torch.tensor([ids + tokens]), output_hidden_states=True, **vision)
+            out = uncached_forward(target.model, ids + tokens, vision, output_hidden_states=True)
             hidden = out.hidden_states[layer][0, -1]
             if network is not None:
                 hidden = network(hidden)
@@ -61,12 +61,11 @@ def test_the_draft_goes_through_the_network(deep, layer):
     network = random_imitation(hidden_size(deep))
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer, imitation=network))
     begin_turn(decoder, text, tiny.images(1))
     draft = decoder.drafter.propose([], chain(4), TokenPicker(SamplingParams()))
-    assert draft.tokens == draft_with(deep, layer, prompt.ids, vision, 4, network)
-    assert draft.tokens != draft_with(deep, layer, prompt.ids, vision, 4)  # the network changed what is drafted
+    assert draft.tokens == draft_with(deep, layer, prompt.ids, prompt.vision, 4, network)
+    assert draft.tokens != draft_with(deep, layer, prompt.ids, prompt.vision, 4)  # the network changed what is drafted
     plain = build_drafter("ssd:plain", deep, None, ssd_layer=layer, imitation=network)
     assert plain.imitation is None and plain.name == "ssd:plain"
 
@@ -88,15 +87,13 @@ def test_a_sampled_draft_carries_the_distribution_it_was_drawn_from(deep):
     network = random_imitation(hidden_size(deep))
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
-    vision = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=2, imitation=network))
     begin_turn(decoder, text, tiny.images(1))
     draft = decoder.drafter.propose([], chain(3), TokenPicker(SamplingParams(temperature=1.0), seed=3))
     norm, lm_head = deep.model.get_decoder().norm, deep.model.get_output_embeddings()
     for i, token in enumerate(draft.tokens):
         with torch.no_grad():
-            out = deep.model(input_ids=torch.tensor([prompt.ids + draft.tokens[:i]]), output_hidden_states=True,
-                             **vision)
+            out = uncached_forward(deep.model, prompt.ids + draft.tokens[:i], prompt.vision, output_hidden_states=True)
             expected = torch.softmax(lm_head(norm(network(out.hidden_states[2][0, -1]))), dim=-1)
         torch.testing.assert_close(draft.probs[i], expected, rtol=0, atol=1e-10)
 

@@ -20,6 +20,7 @@ from mmspec_cli.models.head_files import head_dir, load_head
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import load_profile
 from mmspec_cli.models.prompts import render_prompt
+from tests.helpers import generate_from_text
 from tests.test_demo_shipped import EXAMPLES, offline  # noqa: F401  (the no-hub fixture)
 
 HEADS = {"vispec": "mmspec:demo-vispec", "eagle": "mmspec:demo-eagle", "eagle3": "mmspec:demo-eagle3"}
@@ -48,9 +49,7 @@ def test_the_demo_profile_names_every_head_small_and_in_half_precision(demo):
 
 def reference(target, sample, images, max_new_tokens):
     text = render_prompt(target.processor, list(sample.turns[:1]), [], len(images), sample.history)
-    inputs = target.processor(images=images or None, text=text, return_tensors="pt").to(target.model.device)
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+    return generate_from_text(target, text, images, max_new_tokens)
 
 
 @pytest.fixture(scope="module")

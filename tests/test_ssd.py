@@ -18,7 +18,7 @@ from mmspec_cli.decoding.sampling import TokenPicker
 
 from tests.conftest import load
 from tests.helpers import (FOLLOW_UP, QUESTION, after_block, assert_one_line_error, begin_turn, chain, decode, save_images,
-                           write_profile)
+                           uncached_forward, write_profile)
 from tests.helpers import reference
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
 
@@ -54,7 +54,7 @@ def early_exit_greedy(target, layer, ids, vision, steps):
     tokens = []
     for _ in range(steps):
         with torch.no_grad():
-            out = target.model(input_ids=torch.tensor([ids + tokens]), output_hidden_states=True, **vision)
+            out = uncached_forward(target.model, ids + tokens, vision, output_hidden_states=True)
         hidden = out.hidden_states[layer][0, -1]  # transformers gives the last layer's output already normed
         hidden = target.model.get_decoder().norm(hidden) if layer < len(out.hidden_states) - 1 else hidden
         logits = target.model.get_output_embeddings()(hidden)
@@ -66,19 +66,18 @@ def early_exit_greedy(target, layer, ids, vision, steps):
 def test_draft_is_the_targets_first_layers(deep, layer):
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
-    vision = {k: v.to(deep.model.dtype) if v.is_floating_point() else v for k, v in prompt.vision.items()}
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer), gamma=4, max_new_tokens=24)
     drafter = decoder.drafter
     begin_turn(decoder, text, tiny.images(1))
     draft = drafter.propose([], chain(4), TokenPicker(decoder.sampling))
-    assert draft.tokens == early_exit_greedy(deep, layer, prompt.ids, vision, 4)
+    assert draft.tokens == early_exit_greedy(deep, layer, prompt.ids, prompt.vision, 4)
     # the draft's entries were cropped again: every layer of the target's cache holds the same positions
     lengths = {layer_cache.get_seq_length() for layer_cache in decoder.cached_target.cache.layers}
     assert lengths == {len(prompt.ids) - 1} and decoder.cached_target.length == len(prompt.ids) - 1
-    generated = early_exit_greedy(deep, LAYERS, prompt.ids, vision, 2)  # the target's own next tokens
+    generated = early_exit_greedy(deep, LAYERS, prompt.ids, prompt.vision, 2)  # the target's own next tokens
     after_block(decoder, prompt, generated)
     assert drafter.propose(generated, chain(3), TokenPicker(decoder.sampling)).tokens == early_exit_greedy(
-        deep, layer, prompt.ids + generated, vision, 3)
+        deep, layer, prompt.ids + generated, prompt.vision, 3)
 
 
 def test_no_second_model_in_memory(deep):

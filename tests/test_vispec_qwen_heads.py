@@ -28,7 +28,7 @@ from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny_qwen
 from tests.standins import vispec_qwen_shapes
 from tests.conftest import load
-from tests.helpers import QUESTION
+from tests.helpers import QUESTION, own_generate
 
 FAMILY = "qwen2_5_vl"
 THETA = 1_000_000.0  # Qwen2.5-VL's rope_theta, not Llama's default: the head must read it from config.json
@@ -198,13 +198,9 @@ def test_an_mrope_setting_in_the_heads_config_is_read_as_its_plain_rope(target, 
 # --------------------------------------------------------------------------- losslessness
 
 
-def own_generate(target, n_images: int) -> list[int]:
-    """The target's own greedy ``generate`` on the prompt mmspec builds."""
-    images = tiny_qwen.images(n_images)
-    inputs = target.processor(images=images or None, text=render_prompt(target.processor, [QUESTION], [], n_images),
-                              return_tensors="pt")
-    out = target.model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+def targets_own(target, n_images: int) -> list[int]:
+    """The target's own greedy ``generate`` on the prompt mmspec builds, over ``n_images`` tiny Qwen images."""
+    return own_generate(target, [QUESTION], [], n_images, tiny_qwen.images(n_images), MAX_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +209,7 @@ def guessing(target, published, tmp_path_factory):
     accepting paths would go untested): ``fc`` mostly a constant, half the target's feature after the first answer
     token of the two-image prompt; attention and MLP outputs scaled down."""
     prompt = process(target.processor, render_prompt(target.processor, [QUESTION], [], 2), tiny_qwen.images(2))
-    first = own_generate(target, 2)[0]
+    first = targets_own(target, 2)[0]
     vision = dict(prompt.vision)
     vision["mm_token_type_ids"] = torch.nn.functional.pad(vision["mm_token_type_ids"], (0, 1))
     tap = tap_for(target.model)
@@ -236,7 +232,7 @@ def test_greedy_with_the_published_head_equals_target_generate(target, guessing,
     options = {"tree": "dynamic", "tree_budget": 10, "tree_depth": 3, "tree_topk": 2} if tree == "dynamic" else {}
     decoder = SpeculativeDecoder(target, HeadDrafter(target, head), gamma=4, max_new_tokens=MAX_NEW, **options)
     turn = decoder.generate(tiny_qwen.images(n_images), [QUESTION]).turns[0]
-    assert turn.token_ids == own_generate(target, n_images)
+    assert turn.token_ids == targets_own(target, n_images)
     if n_images == 2:
         assert sum(block.accepted for block in turn.blocks) > 0  # drafts accepted too, not only the target's tokens
 

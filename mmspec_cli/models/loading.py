@@ -178,6 +178,22 @@ def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
 
 
+def rows_caveat(quantization: str | None, role: str, device: str) -> str | None:
+    """The warning line for a 4-bit target on a GPU, or None.
+
+    A speculative block verifies several tokens in one call, where the target's own ``generate`` decodes one at a time,
+    so the output is the target's own only if each row of a call gets the bits it gets alone. On a GPU, bitsandbytes
+    (0.50.2, measured on an H100 by ``MMSPEC_TEST_DEVICE=cuda pytest tests/test_quantization.py``) runs a 4-bit layer's
+    one-row call in its gemv kernel and a call of several rows as a dequantized float matmul: rows differ in their last
+    bits, so a near-tie can flip a token. 8 bits (without outlier columns, :data:`TARGET_INT8_THRESHOLD`) kept rows on
+    their own there, and so does the CPU's 4-bit kernel. A draft's rounding never changes the output."""
+    if quantization != "4bit" or role != "target" or not device.startswith("cuda"):  # measured on CUDA only
+        return None
+    return (f"warning: {role}.quantization: 4bit on {device}: bitsandbytes computes one token and several tokens "
+            f"with different kernels, so a verified token's logits can differ in their last bits from the target's "
+            f"own generate and a near-tie can change a token; quantization: 8bit keeps each token on its own")
+
+
 def _fit_cpu_4bit_kernel(model: Any, role: str) -> None:
     """On an AVX512-BF16 CPU, bitsandbytes runs 4-bit layers in a packed kernel that takes only layers whose output
     size is a multiple of 32 and whose input size is one of 64 (its column and quantization blocks); any other aborts
@@ -451,6 +467,9 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
         raise
     if spec.quantization == "4bit" and device == "cpu":
         _fit_cpu_4bit_kernel(model, role)
+    caveat = rows_caveat(spec.quantization, role, device)
+    if caveat is not None:
+        print(caveat, file=sys.stderr)
     if not language_only:
         processor = with_pixel_bounds(processor, spec, role, fallback_processor)
     if "device_map" not in kwargs:
