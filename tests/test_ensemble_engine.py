@@ -9,7 +9,7 @@ import torch
 from tests import tiny
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.registry import model_drafts, parse_drafter
+from mmspec_cli.drafters.registry import DrafterPlan, model_drafts, parse_drafter
 from mmspec_cli.drafters.weights import mixture
 from mmspec_cli.drafters.rows import BatchedRows, Row
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
@@ -178,6 +178,23 @@ def test_bad_drafter_names_are_one_line_errors(name, fragment):
     with pytest.raises(InputError, match=fragment) as info:
         parse_drafter(name)
     assert "\n" not in str(info.value)
+
+
+def test_a_name_planned_but_never_built_is_not_run_as_ar(tiny_models, monkeypatch):
+    """A drafter registered in ``parse_drafter`` alone would fall through to ``ar``'s NoDrafter and look lossless
+    while drafting nothing; ``build_drafter`` says so instead."""
+    from mmspec_cli.drafters import registry
+
+    monkeypatch.setattr(registry, "parse_drafter", lambda name, members=("m", "t"): DrafterPlan(name, (), adaptive=False))
+    with pytest.raises(ValueError, match="drafter 'repeat' has a plan but build_drafter builds nothing for it"):
+        registry.build_drafter("repeat", tiny_models["target"], tiny_models["perturbed"])
+    assert type(registry.build_drafter("ar", tiny_models["target"], None)).__name__ == "NoDrafter"
+
+
+def test_an_unknown_name_is_refused_with_every_drafter_named_as_a_whole():
+    with pytest.raises(InputError) as info:
+        parse_drafter("mz")
+    assert str(info.value).endswith("name a drafter of its own: ar, ssd, eagle, vispec, eagle3, pld, oracle")
 
 
 def test_caption_drafting_without_a_captioner_is_refused(tiny_models):

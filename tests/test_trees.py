@@ -17,8 +17,9 @@ from mmspec_cli.drafters.views import multimodal_row, text_only_row
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.prompts import process, render_prompt
+from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DrafterTraits, DraftShape, TreeDraft, TurnStart, as_asked
 from mmspec_cli.decoding.kv import CachedModel
-from mmspec_cli.decoding.tree import check_tree_support, check_tree_width
+from mmspec_cli.decoding.tree import TreeTopology, check_tree_support, check_tree_width
 
 from tests.helpers import save_images, write_profile
 from tests.helpers import assert_one_line_error
@@ -157,3 +158,28 @@ def test_cli_tree_width(tiny_dirs, tmp_path):
     result = runner.invoke(app, [*args, "--tree-width", "2", "--json"])
     assert result.exit_code == 0, result.stderr
     assert "tree" in __import__("json").loads(result.stdout)["turns"][0]["blocks"][0]
+
+
+class ChainsWhateverAsked(Drafter):
+    """A drafter that ignores the shape it is asked for and proposes an empty chain."""
+
+    name = "chains-whatever-asked"
+    traits = DrafterTraits()
+
+    def begin_turn(self, turn: TurnStart) -> None:
+        pass
+
+    def propose(self, verified, shape: DraftShape, picker) -> Draft:
+        return Draft(tokens=[])
+
+
+def test_a_drafter_that_proposes_a_chain_where_a_tree_was_asked_is_stopped(tiny_models):
+    """Verified as a chain, such a block would make ``--tree-width`` do nothing without a word; a drafter that drafts
+    chains only is refused trees before loading (``registry.CHAIN_ONLY``) instead."""
+    with pytest.raises(TypeError, match="'chains-whatever-asked' was asked for a tree and proposed a chain"):
+        SpeculativeDecoder(tiny_models["target"], ChainsWhateverAsked(), tree_width=2).generate(tiny.images(1), [QUESTION])
+    assert as_asked(DraftShape(3), EMPTY_DRAFT, "x") is EMPTY_DRAFT
+    tree = TreeDraft(topology=TreeTopology(parents=[-1]), tokens=[5])
+    assert as_asked(DraftShape(3, "width", width=2), tree, "x") is tree
+    with pytest.raises(TypeError, match="asked for a chain and proposed a tree"):
+        as_asked(DraftShape(3), tree, "x")

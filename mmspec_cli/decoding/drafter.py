@@ -154,6 +154,17 @@ class DrafterTraits:
         return self.captioner.seconds if self.captioner is not None else 0.0
 
 
+def as_asked(shape: DraftShape, proposed: "Draft | TreeDraft", drafter: str) -> "Draft | TreeDraft":
+    """``proposed``, once it is checked to be of the shape the block asked for: a tree for a tree, a chain for a chain.
+    A drafter that drafts chains only must be refused trees before loading (``registry.CHAIN_ONLY``), not give a chain
+    where a tree was asked (the block would verify it as a chain, and the user's tree settings would do nothing)."""
+    if shape.tree != isinstance(proposed, TreeDraft):
+        asked, got = ("a tree", "a chain") if shape.tree else ("a chain", "a tree")
+        raise TypeError(f"drafter '{drafter}' was asked for {asked} and proposed {got}; a drafter that drafts chains "
+                        f"only is refused trees in registry.CHAIN_ONLY (docs/ARCHITECTURE.md, How to add a drafter)")
+    return proposed
+
+
 class Drafter(ABC):
     """A drafting method (module doc): ``name`` (``m``, ``t``, ``tabed``, ...), ``traits``, and four verbs."""
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape, Kept, TreeDraft
+from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape, Kept, TreeDraft, as_asked
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
@@ -80,7 +80,9 @@ class BlockStep:
         laps = Laps()
         held = len(prompt.ids) + len(generated) - 1  # the verified tokens but the last: what the target holds
         # 1. propose
-        proposed = self.drafter.propose(generated, self.shape(gamma), picker) if gamma > 0 else EMPTY_DRAFT
+        shape = self.shape(gamma)
+        proposed = as_asked(shape, self.drafter.propose(generated, shape, picker), self.drafter.name) if gamma > 0 \
+            else EMPTY_DRAFT
         draft_s = laps.lap()
         # 2. verify (ONE target forward) and 3. accept
         if isinstance(proposed, TreeDraft):

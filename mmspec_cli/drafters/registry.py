@@ -37,6 +37,10 @@ from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
 
+#: The drafters named as a whole rather than combined from member letters: every refusal of a name lists them.
+WHOLE_NAMES = ("ar", "ssd", *HEAD_KINDS, PLD, ORACLE)
+
+
 @dataclass(frozen=True)
 class DrafterPlan:
     """What a drafter name means: its members and whether weights adapt (TABED) or stay equal."""
@@ -86,8 +90,8 @@ def _letters(name: str, letters: str) -> tuple[str, ...]:
                              f"features, with its own cache); use --drafter {head} alone")
         if letter not in MEMBER_LETTERS:
             raise InputError(f"drafter '{name}': unknown letter '{letter}'; combine m (multimodal), t (text-only), "
-                             f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or name a drafter of its own: ar, ssd, "
-                             f"eagle, vispec, eagle3, pld, oracle")
+                             f"c (caption), p (pooled), e.g. mt or tabed:mtcp, or name a drafter of its own: "
+                             f"{', '.join(WHOLE_NAMES)}")
         if letters.count(letter) > 1:
             raise InputError(f"drafter '{name}' repeats '{letter}'; name each member once, e.g. mt")
     return tuple(letters)
@@ -116,8 +120,8 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
             raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
         return DrafterPlan(name, members, adaptive=True)
     if not name:
-        raise InputError("empty drafter name; choose ar, m, t, c, p, a combination such as mt, tabed, ssd, eagle, "
-                         "vispec, eagle3, pld or oracle")
+        raise InputError(f"empty drafter name; choose m, t, c, p, a combination such as mt, tabed, or one of "
+                         f"{', '.join(WHOLE_NAMES)}")
     return DrafterPlan(name, _letters(name, name), adaptive=False)
 
 
@@ -209,8 +213,11 @@ def build_drafter(
             raise InputError(f"drafter '{name}' needs a {plan.head} head; add `head: {{model: PATH, kind: {plan.head}}}` "
                              f"to the profile, or train one with `mmspec train-head {plan.head}`")
         return HeadDrafter(target, head)
-    if not plan.needs_draft:
+    if plan.name == "ar":
         return NoDrafter()
+    if not plan.needs_draft:  # a name parse_drafter plans for and no branch above builds: a half-registered drafter
+        raise ValueError(f"drafter '{name}' has a plan but build_drafter builds nothing for it; add its branch "
+                         f"(docs/ARCHITECTURE.md, How to add a drafter), rather than let it run as ar")
     if draft is None:
         raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use --drafter ar")
     require_captioner(plan, captioner is not None)
