@@ -29,6 +29,7 @@ from mmspec_cli.bench import hub, records as records_mod
 from mmspec_cli.bench.prompts import continue_prompt, paper_prompt, prompt_key_for
 from mmspec_cli.bench.report import check_line, counted, failure_line, table
 from mmspec_cli.bench.samples import Sample, parse_shard, select
+from mmspec_cli.bench.sources import resolve
 from mmspec_cli.decoding.schedules import OPENING_BLOCKS
 from mmspec_cli.bench.summary import ranks, summarize, token_check
 from mmspec_cli.cli.app import app
@@ -630,6 +631,15 @@ def test_an_image_as_source_is_one_line_before_loading(files, no_model_loading):
     assert_one_line_error(bench(files, files["images"][0]), "is an image, and a SOURCE is a set of samples")
 
 
+@pytest.mark.parametrize("source", ["", "  "])
+def test_an_empty_source_is_one_line_not_the_current_folder(source, tmp_path, monkeypatch):
+    """``Path("")`` is the current folder: train-head once trained on the ``mmspec.jsonl`` it found there."""
+    (tmp_path / "mmspec.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="^SOURCE is empty; pass a JSONL manifest"):
+        resolve(source)
+
+
 def test_results_file_keeps_only_complete_lines(tmp_path):
     path = tmp_path / "r.jsonl"
     complete = '{"id": "a", "turn": 0, "drafter": "ar", "token_ids": [1], "new_tokens": 1, "blocks": 1, "wall_s": 0.1}'
@@ -706,7 +716,7 @@ def test_pil_images_from_datasets_load(tmp_path):
 
 
 def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
-    from mmspec_cli.bench.sources import DEMO_SUITES, resolve
+    from mmspec_cli.bench.sources import DEMO_SUITES
     from mmspec_cli.demo.tasks import DEFAULT_SUITE_SIZE, suite
 
     first, again = resolve("demo-story"), resolve("demo-story")

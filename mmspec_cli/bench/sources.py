@@ -50,6 +50,9 @@ def resolve(source: str, limit: int | None = None, other_suites: Sequence[str] =
     ``limit`` of each suite, so a short run still covers every scenario; a dataset stops reading there.
     ``other_suites``: names the caller resolves itself (train-head's ``demo-train``), listed with the known
     suites when SOURCE names nothing."""
+    if not source.strip():  # Path("") is the current folder: an empty argument would read whatever is here
+        raise InputError("SOURCE is empty; pass a JSONL manifest, a folder in MMSpec's layout, a suite such as "
+                         "demo-single or a dataset id")
     path = Path(os.path.expanduser(source))
     if is_image_file(path):  # else read as a manifest, it would fail to decode as text
         raise InputError(f"SOURCE {shorten(source)} is an image, and a SOURCE is a set of samples: pass a JSONL "
