@@ -537,6 +537,8 @@ def test_profile_latency_times_the_compiled_steps_and_bench_reads_them_for_compi
     assert result["compiled"] and result["cache"].endswith("__compiled.json")
     assert set(result["draft_chain_ms"]) == {"1,24,2"}  # the greedy chain of γ = 3 − 1 drafted in one graph
     assert {"target", "draft"} <= set(calls) and "compiled the target's steps" in timed.stderr
+    notice = timed.stderr.index("note: --compile: each step shape compiles in its warm-up")  # said before compiling
+    assert notice < timed.stderr.index("compiled the target's steps")
     calls.clear()
     eager = json.loads(runner.invoke(app, ["profile-latency", *grid]).stdout)
     assert not eager["compiled"] and eager["cache"] != result["cache"] and not calls and not eager["draft_chain_ms"]

@@ -153,6 +153,14 @@ def _require_matplotlib() -> None:
         raise InputError("--plot needs matplotlib; install it with `pip install 'mmspec[plot]'`") from None
 
 
+def compile_notice() -> str:
+    """The line ``--compile`` prints before it measures, so that minutes of compiling don't read as a hang."""
+    from mmspec_cli.decoding.compiled import inductor_cache_dir
+
+    return (f"note: --compile: each step shape compiles in its warm-up before it is timed; with an empty inductor cache "
+            f"({shorten(inductor_cache_dir())}) that takes minutes on a CPU, and a later run reads the cache")
+
+
 def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=None) -> None:
     """Measure, then show the results before anything that can still fail (the cache, the plot) can lose them."""
     from mmspec_cli.bench import latency
@@ -182,6 +190,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
             if why:
                 raise InputError(f"--compile: the {role} model can't be compiled here: {why}; run without --compile")
         forget_compiling()
+        typer.echo(compile_notice(), err=True)
     from mmspec_cli.models.threads import apply_threads, busy_warning
 
     choice = apply_threads(threads, target.model)
