@@ -9,7 +9,6 @@ import torch
 from tests import tiny
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.registry import DrafterPlan, model_drafts, parse_drafter
 from mmspec_cli.drafters.weights import mixture
 from mmspec_cli.drafters.rows import BatchedRows, Row
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
@@ -17,7 +16,6 @@ from mmspec_cli.drafters.views import caption_row, pooled_row
 from mmspec_cli.decoding.drafter import TurnStart
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.errors import InputError
 from mmspec_cli.models.loading import load_model
 from mmspec_cli.models.profiles import ModelSpec
 from mmspec_cli.models.prompts import process, render_prompt
@@ -168,53 +166,6 @@ def test_sampled_pairs_follow_the_target_distribution(tiny_models, captioner, jo
     assert {turn.blocks[0].accepted for turn in turns} == {0, 1, 2}
     assert any(b.weights != pytest.approx([0.5, 0.5]) for turn in turns for b in turn.blocks)  # adapted weights
     assert chi_square_p_value(counts, joint, ENGINE_RUNS) > 1e-3
-
-
-@pytest.mark.parametrize("name, fragment", [
-    ("mx", "unknown letter 'x'"), ("mtm", "repeats 'm'"), ("tabed:mm", "repeats 'm'"), ("tabed:m", "at least two"),
-    ("tabed:mq", "unknown letter 'q'"), ("", "empty drafter name"),
-])
-def test_bad_drafter_names_are_one_line_errors(name, fragment):
-    with pytest.raises(InputError, match=fragment) as info:
-        parse_drafter(name)
-    assert "\n" not in str(info.value)
-
-
-def test_a_name_planned_but_never_built_is_not_run_as_ar(tiny_models, monkeypatch):
-    """A drafter registered in ``parse_drafter`` alone would fall through to ``ar``'s NoDrafter and look lossless
-    while drafting nothing; ``build_drafter`` says so instead."""
-    from mmspec_cli.drafters import registry
-
-    monkeypatch.setattr(registry, "parse_drafter", lambda name, members=("m", "t"): DrafterPlan(name, (), adaptive=False))
-    with pytest.raises(ValueError, match="drafter 'repeat' has a plan but build_drafter builds nothing for it"):
-        registry.build_drafter("repeat", tiny_models["target"], tiny_models["perturbed"])
-    assert type(registry.build_drafter("ar", tiny_models["target"], None)).__name__ == "NoDrafter"
-
-
-def test_an_unknown_name_is_refused_with_every_drafter_named_as_a_whole():
-    with pytest.raises(InputError) as info:
-        parse_drafter("mz")
-    assert str(info.value).endswith("name a drafter of its own: ar, ssd, eagle, vispec, eagle3, pld, oracle")
-
-
-def test_caption_drafting_without_a_captioner_is_refused(tiny_models):
-    with pytest.raises(InputError, match="no captioner"):
-        build_drafter("mtc", tiny_models["target"], tiny_models["perturbed"])
-
-
-def test_tabed_uses_the_profile_members_and_policy():
-    plan = parse_drafter("tabed", ("m", "t", "p"))
-    assert plan.members == ("m", "t", "p") and plan.adaptive
-    assert parse_drafter("tabed:ct").members == ("c", "t")
-    assert not parse_drafter("mtcp").adaptive
-
-
-def test_a_name_says_whether_a_network_drafts():
-    """What Eq. (1)'s c and the cost schedule price: a draft model, the target's first layers or a head; not ``ar``,
-    a replay or a lookup. The registry says it, so bench and profile-latency list no drafter by name."""
-    names = ("ar", "m", "t", "mt", "tabed", "ssd", "ssd:plain", "eagle", "eagle3", "oracle", "pld", "hf-assisted")
-    assert [name for name in names if model_drafts(name)] == ["m", "t", "mt", "tabed", "ssd", "ssd:plain", "eagle",
-                                                               "eagle3", "hf-assisted"]
 
 
 def test_captions_are_computed_once_per_image(tiny_models):
