@@ -128,12 +128,12 @@ def reference_chain(head, target, prompt, generated, tokens):
     with torch.no_grad():
         out = uncached_forward(target.model, verified, prompt.vision, output_hidden_states=True)
     fused = head.fc(torch.cat([out.hidden_states[k][0] for k in head.layers_read], dim=-1))[:-1]  # pairs 0 .. n − 2
-    ids, xs, dists = list(verified), fused, []
+    ids, xs, dists, device = list(verified), fused, [], head.fc.weight.device
     for token in tokens:
-        embeds = head.embed_tokens(torch.tensor(ids[1:]))
+        embeds = head.embed_tokens(torch.tensor(ids[1:], device=device))
         inputs = torch.cat([embeds, xs], dim=-1)
         n = inputs.shape[0]
-        h = head.body(inputs[None], torch.arange(n)[None], causal_mask(n, 0, torch.float64, "cpu"))[0]
+        h = head.body(inputs[None], torch.arange(n, device=device)[None], causal_mask(n, 0, torch.float64, device))[0]
         dists.append(torch.softmax(head.logits(h[-1]), dim=-1))
         ids.append(token)
         xs = torch.cat([xs, h[-1:]])

@@ -78,12 +78,13 @@ def reference_chain(head, target, prompt, generated, tokens):
     verified = prompt.ids + generated
     embeds, hidden = full_features(target, verified, prompt.vision)
     feats, ids, dists = hidden[:-1], list(verified), []
-    lm_head = target.model.get_output_embeddings()
+    lm_head, device = target.model.get_output_embeddings(), head.fc.weight.device
     for token in tokens:
-        e = torch.cat([embeds[: len(verified)], head.embed_tokens(torch.tensor(ids[len(verified):], dtype=torch.long))])
+        drafted = torch.tensor(ids[len(verified):], dtype=torch.long, device=device)
+        e = torch.cat([embeds[: len(verified)], head.embed_tokens(drafted)])
         seq = head_sequence(head, ids, feats, e, 0, target.image_token_id, len(prompt.ids))
-        out = head.body(seq.inputs[None], torch.tensor([seq.positions]),
-                        causal_mask(len(seq.positions), 0, torch.float64, "cpu"))[0]
+        out = head.body(seq.inputs[None], torch.tensor([seq.positions], device=device),
+                        causal_mask(len(seq.positions), 0, torch.float64, device))[0]
         dists.append(torch.softmax(lm_head(out[-1]), dim=-1))
         ids.append(token)
         feats = torch.cat([feats, out[-1:]])
