@@ -352,3 +352,14 @@ def test_the_probe_counts_any_answer_and_fails_fast_without_one(monkeypatch):
     start = time.monotonic()
     assert not loading.hub_reachable()  # nothing listens there now: refused
     assert time.monotonic() - start < 2
+
+
+def test_loading_prints_the_rows_caveat_of_its_quantization_and_device(tiny_dirs, capsys, monkeypatch):
+    """The one warning line of ``loading.rows_caveat`` (a 4-bit target on CUDA, tested on its rule in
+    tests/test_quantization.py) is printed by every load, on stderr; none when the rule gives none."""
+    monkeypatch.setattr(loading, "rows_caveat", lambda quantization, role, device: f"warning: {role}, {quantization}, {device}")
+    load_model(ModelSpec(model=tiny_dirs["target"], dtype="float64", device="cpu"), "target")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "warning: target, None, cpu"
+    monkeypatch.undo()
+    load_model(ModelSpec(model=tiny_dirs["target"], dtype="float64", device="cpu"), "target")
+    assert "warning" not in capsys.readouterr().err

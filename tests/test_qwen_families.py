@@ -37,7 +37,8 @@ from mmspec_cli.models.positions import MRopePositions
 from tests import tiny, tiny_qwen
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs
-from tests.helpers import FOLLOW_UP, QUESTION, image_in_second_turn, own_generate, speculative_decoder, write_profile
+from tests.helpers import (FOLLOW_UP, QUESTION, image_in_second_turn, own_generate, speculative_decoder, uncached_forward,
+                           write_profile)
 from tests.test_eagle3 import random_eagle3
 from tests.test_heads import random_head
 
@@ -324,7 +325,7 @@ def uncached_logits(target, ids, vision) -> torch.Tensor:
     types = vision.get("mm_token_type_ids")
     extra = {} if types is None else {"mm_token_type_ids": torch.nn.functional.pad(types, (0, len(ids) - types.shape[1]))}
     with torch.no_grad():
-        return target.model(input_ids=torch.tensor([ids]), **{**vision, **extra}).logits[0]
+        return uncached_forward(target.model, ids, {**vision, **extra}).logits[0]
 
 
 def later_logits(runner, target, images, after=(17, 30, 9)) -> tuple[torch.Tensor, torch.Tensor]:

@@ -161,7 +161,7 @@ def test_cli_tree_width(tiny_dirs, tmp_path):
 
 
 class ChainsWhateverAsked(Drafter):
-    """A drafter that ignores the shape it is asked for and proposes an empty chain."""
+    """A drafter that ignores the shape it is asked for and proposes a chain of one token."""
 
     name = "chains-whatever-asked"
     traits = DrafterTraits()
@@ -170,7 +170,7 @@ class ChainsWhateverAsked(Drafter):
         pass
 
     def propose(self, verified, shape: DraftShape, picker) -> Draft:
-        return Draft(tokens=[])
+        return Draft(tokens=[7])
 
 
 def test_a_drafter_that_proposes_a_chain_where_a_tree_was_asked_is_stopped(tiny_models):
@@ -179,6 +179,7 @@ def test_a_drafter_that_proposes_a_chain_where_a_tree_was_asked_is_stopped(tiny_
     with pytest.raises(TypeError, match="'chains-whatever-asked' was asked for a tree and proposed a chain"):
         SpeculativeDecoder(tiny_models["target"], ChainsWhateverAsked(), tree_width=2).generate(tiny.images(1), [QUESTION])
     assert as_asked(DraftShape(3), EMPTY_DRAFT, "x") is EMPTY_DRAFT
+    assert as_asked(DraftShape(3, "width", width=2), EMPTY_DRAFT, "x") is EMPTY_DRAFT  # nothing fits every shape
     tree = TreeDraft(topology=TreeTopology(parents=[-1]), tokens=[5])
     assert as_asked(DraftShape(3, "width", width=2), tree, "x") is tree
     with pytest.raises(TypeError, match="asked for a chain and proposed a tree"):

@@ -28,7 +28,7 @@ from mmspec_cli.models.prompts import process, render_prompt
 from tests import tiny_qwen
 from tests.standins import vispec_qwen_shapes
 from tests.conftest import load
-from tests.helpers import QUESTION, own_generate
+from tests.helpers import QUESTION, own_generate, uncached_forward
 
 FAMILY = "qwen2_5_vl"
 THETA = 1_000_000.0  # Qwen2.5-VL's rope_theta, not Llama's default: the head must read it from config.json
@@ -214,7 +214,7 @@ def guessing(target, published, tmp_path_factory):
     vision["mm_token_type_ids"] = torch.nn.functional.pad(vision["mm_token_type_ids"], (0, 1))
     tap = tap_for(target.model)
     with torch.no_grad():
-        target.model(input_ids=torch.tensor([prompt.ids + [first]]), **vision)
+        uncached_forward(target.model, prompt.ids + [first], vision)
     _, hidden = tap.take()
 
     def guess(w):

@@ -155,13 +155,17 @@ class DrafterTraits:
 
 
 def as_asked(shape: DraftShape, proposed: "Draft | TreeDraft", drafter: str) -> "Draft | TreeDraft":
-    """``proposed``, once it is checked to be of the shape the block asked for: a tree for a tree, a chain for a chain.
-    A drafter that drafts chains only must be refused trees before loading (``registry.CHAIN_ONLY``), not give a chain
-    where a tree was asked (the block would verify it as a chain, and the user's tree settings would do nothing)."""
-    if shape.tree != isinstance(proposed, TreeDraft):
-        asked, got = ("a tree", "a chain") if shape.tree else ("a chain", "a tree")
-        raise TypeError(f"drafter '{drafter}' was asked for {asked} and proposed {got}; a drafter that drafts chains "
-                        f"only is refused trees in registry.CHAIN_ONLY (docs/ARCHITECTURE.md, How to add a drafter)")
+    """``proposed``, once it is checked to be of the shape the block asked for: a tree for a tree, a chain for a chain,
+    or nothing (``EMPTY_DRAFT``, whatever the shape). A drafter that drafts chains only must be refused trees before
+    loading (``registry.CHAIN_ONLY``), not give a chain where a tree was asked (the block would verify it as a chain,
+    and the user's tree settings would do nothing)."""
+    if proposed.tokens and shape.tree != isinstance(proposed, TreeDraft):
+        if shape.tree:
+            raise TypeError(f"drafter '{drafter}' was asked for a tree and proposed a chain; a drafter that drafts "
+                            f"chains only is refused trees in registry.CHAIN_ONLY (docs/ARCHITECTURE.md, How to add "
+                            f"a drafter)")
+        raise TypeError(f"drafter '{drafter}' was asked for a chain and proposed a tree; propose a tree only when "
+                        f"shape.tree")
     return proposed
 
 

@@ -80,9 +80,11 @@ class BlockStep:
         laps = Laps()
         held = len(prompt.ids) + len(generated) - 1  # the verified tokens but the last: what the target holds
         # 1. propose
-        shape = self.shape(gamma)
-        proposed = as_asked(shape, self.drafter.propose(generated, shape, picker), self.drafter.name) if gamma > 0 \
-            else EMPTY_DRAFT
+        if gamma > 0:
+            shape = self.shape(gamma)
+            proposed = as_asked(shape, self.drafter.propose(generated, shape, picker), self.drafter.name)
+        else:
+            proposed = EMPTY_DRAFT
         draft_s = laps.lap()
         # 2. verify (ONE target forward) and 3. accept
         if isinstance(proposed, TreeDraft):
