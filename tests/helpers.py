@@ -81,13 +81,14 @@ def assert_one_line_error(result, fragment: str, code: int = 2, stdout_allowed: 
                           loading_bars: bool = True) -> str:
     """Exit ``code`` and one ``error:`` line on stderr holding ``fragment``, last on stderr, with no traceback and
     no rich box; the line. ``stdout_allowed``: a command that printed results before failing may have stdout.
-    ``loading_bars``: transformers' "Loading weights" progress lines may come before it. ``warning:`` lines
-    (such as profile-latency's note on a busy machine) may come before it too."""
+    ``loading_bars``: transformers' "Loading weights" progress lines may come before it. ``warning:`` and
+    ``note:`` lines (a busy machine; profile-latency's notice that it compiles) may come before it too."""
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr, result.exception)
     if not stdout_allowed:
         assert result.stdout == ""
-    [line] = [line for line in result.stderr.splitlines()  # a "warning:" (a busy machine) may come first
-              if line and not line.startswith("warning: ") and not (loading_bars and line.startswith("Loading weights"))]
+    [line] = [line for line in result.stderr.splitlines()  # a "warning:" or a "note:" may come first
+              if line and not line.startswith(("warning: ", "note: "))
+              and not (loading_bars and line.startswith("Loading weights"))]
     assert line.startswith("error: ") and fragment in line, line
     assert result.stderr.endswith(line + "\n")
     assert "Traceback" not in result.stderr and "╭" not in result.stderr
