@@ -45,6 +45,8 @@ run no eager module at all (the count is printed: a compiled step that silently 
     python benchmarks/bench_engine_block.py                       # everything, about 25 minutes on 2 CPU cores
     python benchmarks/bench_engine_block.py --quick               # a smoke run of a few minutes
     python benchmarks/bench_engine_block.py --only 1,3,5 --old /path/to/old/tree --new /path/to/new/tree
+    # on a GPU machine that has no git history: extract the old tree first, then pass it
+    mkdir -p old && git archive dd64559 | tar -x -C old && python benchmarks/bench_engine_block.py --only 1,2 --old old
 
 ``--old`` defaults to ``--old-commit`` (dd64559) extracted with ``git archive`` into a temporary folder; ``--new``
 to the repository this script lives in. ``--out FILE`` keeps every number as JSON.
@@ -709,7 +711,9 @@ def guarded(step):
 
 class ForwardClock:
     """Seconds spent inside model forwards: eager module calls (torch's global module hooks, the outermost call
-    only) and calls of the functions ``torch.compile`` returned."""
+    only) and calls of the functions ``torch.compile`` returned. On a GPU the device is synchronized at both edges
+    of each outermost forward (``sync``), so a forward's kernels count as forward time and the kernels the engine
+    launched between forwards (an argmax, a mask) as the engine's, instead of surfacing at the next read."""
 
     def __init__(self):
         self.depth = 0
@@ -717,15 +721,20 @@ class ForwardClock:
         self.seconds = 0.0
         self.eager_calls = 0  # outermost eager module calls
         self.graph_calls = 0  # outermost compiled-function calls
+        self.sync = None  # torch.cuda.synchronize when the models are on a GPU (install)
 
     def enter(self) -> None:
         if self.depth == 0:
+            if self.sync is not None:
+                self.sync()
             self.began = time.perf_counter()
         self.depth += 1
 
     def leave(self) -> None:
         self.depth -= 1
         if self.depth == 0:
+            if self.sync is not None:
+                self.sync()
             self.seconds += time.perf_counter() - self.began
 
     def install(self) -> None:
@@ -735,6 +744,7 @@ class ForwardClock:
 
         compiling = torch.compiler.is_compiling
         clock = self
+        clock.sync = torch.cuda.synchronize if torch.cuda.is_available() else None
 
         def before(module, args):
             if compiling():  # dynamo traces this away: nothing of the clock enters a graph
