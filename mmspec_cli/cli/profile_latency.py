@@ -158,7 +158,7 @@ def compile_notice() -> str:
     from mmspec_cli.decoding.compiled import inductor_cache_dir
 
     return (f"note: --compile: each step shape compiles in its warm-up before it is timed; with an empty inductor cache "
-            f"({shorten(inductor_cache_dir())}) that can take minutes, and a later run reads the cache")
+            f"in {inductor_cache_dir()} that can take minutes, and a later run reads the cache")
 
 
 def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=None) -> None:
