@@ -37,7 +37,8 @@ from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter
 from mmspec_cli.drafters.single import SingleModelDrafter, multimodal_view, text_only_view
 from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, text_only_row
 
-#: The drafters named as a whole rather than combined from member letters: every refusal of a name lists them.
+#: The drafters named as a whole rather than combined from member letters, as the refusals of an unknown or empty
+#: name list them (tests/test_registry.py ties them to the README's drafter table).
 WHOLE_NAMES = ("ar", "ssd", *HEAD_KINDS, PLD, ORACLE)
 
 
