@@ -20,7 +20,7 @@ vocabulary. Step k's loss, the mean over its scored entries, is weighted 0.8^k (
 averages over every position, scored or not, which also weighs a step by its share of scored entries: fewer at later
 steps, whose targets run past the answer's end), and a batch's loss is the mean over its sequences; the unroll is
 ``--mtp`` steps (7 by default for eagle3, EAGLE's and SpecForge's ``ttt_length``). No feature noise is added
-(EAGLE-3's training adds none); ``--noise`` applies to eagle and vispec heads only.
+(EAGLE-3's training adds none; eagle and vispec heads get a fixed ±10% of the features' RMS).
 """
 
 from __future__ import annotations
