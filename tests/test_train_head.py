@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 from typer.testing import CliRunner
 
+import mmspec_cli
 from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.drafters.head import HeadDrafter
@@ -384,6 +385,22 @@ def test_unwritable_out_is_one_line(files, tmp_path):
     one_line(runner.invoke(app, command(files, "vispec", files["manifest"], "--out", "/proc/mmspec-head")),
              "can't be written")
     one_line(runner.invoke(app, command(files, "vispec", files["manifest"], "--out", files["manifest"])), "is a file")
+
+
+def test_out_inside_the_package_is_refused_writing_nothing(files, tmp_path, monkeypatch):
+    """The shipped heads were written by train-head, so a run would take one for its own output and replace what
+    every user of the installation loads (a helper session's run once began to). The package is a stand-in here,
+    so that a run the rule failed to stop writes nowhere that matters."""
+    from mmspec_cli.training import out_folder
+
+    assert out_folder.PACKAGE == Path(mmspec_cli.__file__).resolve().parent
+    package = tmp_path / "site-packages" / "mmspec_cli"
+    (package / "shipped" / "demo-eagle").mkdir(parents=True)
+    monkeypatch.setattr(out_folder, "PACKAGE", package)
+    for out in (package / "shipped" / "demo-eagle", package / "shipped" / "new-head", package):
+        one_line(runner.invoke(app, command(files, "eagle", files["manifest"], "--out", str(out))),
+                 "is inside mmspec's package")
+    assert [p.name for p in package.rglob("*")] == ["shipped", "demo-eagle"]
 
 
 def test_profile_without_a_target_is_one_line(files, tmp_path):

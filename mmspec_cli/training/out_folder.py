@@ -38,14 +38,24 @@ CHECKPOINT = "checkpoint.pt"
 OWN_FILES = frozenset({CONFIG, WEIGHTS, CHECKPOINT, *(f"{name}.tmp" for name in (CONFIG, WEIGHTS, CHECKPOINT))})
 
 
+#: mmspec's own package folder: the shipped models (``mmspec:demo-eagle``, ...) live under it.
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
 def resolve_out(text: str) -> Path:
-    """``--out`` as an absolute folder path (``~`` expanded, ``..`` resolved), or one line saying why not."""
+    """``--out`` as an absolute folder path (``~`` expanded, ``..`` resolved), or one line saying why not. A folder
+    inside mmspec's package is refused: the shipped heads there were written by train-head, so a run would take one
+    for its own output and replace what every user of the installation loads (``scripts/train_demo_heads.py``
+    writes them through the training API, not through this check)."""
     if not text.strip():
         raise InputError("--out is empty; name a folder for the head, e.g. --out heads/my-vispec")
     folder = Path(os.path.abspath(os.path.expanduser(text)))
     if folder.parent == folder:
         raise InputError(f"--out {shorten(text)} is the root folder, which has no name to put the answers file "
                          f"beside; name a folder under it, e.g. --out heads/my-vispec")
+    if folder.resolve() == PACKAGE or PACKAGE in folder.resolve().parents:
+        raise InputError(f"--out {shorten(text)} is inside mmspec's package ({PACKAGE}), whose shipped models every "
+                         f"run of this installation loads; name a folder elsewhere, e.g. --out heads/my-vispec")
     return folder
 
 
