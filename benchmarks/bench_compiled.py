@@ -125,7 +125,7 @@ def step_times(models, rounds: int = 7, seq: int = SEQ, gamma: int = GAMMA) -> d
     """The target's step of 1 and γ + 1 tokens after ``seq`` cached ones, eager and compiled, median of ``rounds``
     interleaved medians of 20 (ms); on a GPU each step is waited for before the clock is read."""
     from mmspec_cli.decoding.compiled import compiled_forward
-    from mmspec_cli.decoding.kv_state import HeldState, static_pool
+    from mmspec_cli.decoding.kv_state import DynamicKV, HeldState, static_pool
     from mmspec_cli.models.parts import with_cache
     from mmspec_cli.models.positions import TEXT_POSITIONS
 
@@ -134,11 +134,8 @@ def step_times(models, rounds: int = 7, seq: int = SEQ, gamma: int = GAMMA) -> d
     vocab = model.get_output_embeddings().weight.shape[0]
     prefix = torch.randint(5, vocab, (1, seq), generator=torch.Generator().manual_seed(0)).to(device)
     compiled = compiled_forward(model, "target")
-    held = HeldState(model.config, static_pool(model), "target")  # the static state, held while this times it
-    held.at_turn_start(seq + 64)
-    static = held.state
-    static.reset()
-    dynamic = HeldState(model.config, None, "target").state
+    static = HeldState(model.config, static_pool(model), "target").restart(seq + 64)  # held while this times it
+    dynamic = DynamicKV(config=model.config)
     with torch.inference_mode():
         for state in (static, dynamic):
             model(input_ids=prefix, **with_cache(state.cache), use_cache=True,

@@ -264,10 +264,7 @@ def _static_state(module, purpose: str, needed: int):
     used by another and feeds what it needs again."""
     from mmspec_cli.decoding.kv_state import HeldState, static_pool
 
-    held = HeldState(module.config, static_pool(module, purpose), "timed")
-    held.at_turn_start(needed)
-    held.state.reset()
-    return held.state
+    return HeldState(module.config, static_pool(module, purpose), "timed").restart(needed)
 
 
 @torch.inference_mode()

@@ -310,6 +310,13 @@ class HeldState:
         self.state, mine = self.pool.claim(self, needed)
         return mine
 
+    def restart(self, needed: int) -> DynamicKV | StaticKV:
+        """The state emptied for the owner to fill anew, claimed as at a turn's start with room for ``needed``
+        positions (a prefill, a head started over, a timing)."""
+        self.at_turn_start(needed)
+        self.state.reset()
+        return self.state
+
     def in_block(self, needed: int) -> DynamicKV | StaticKV:
         """In a block: the state, which must still be this owner's (:data:`LOST_STATE` if another decoder took it
         since), with room for ``needed`` positions."""

@@ -81,8 +81,7 @@ class HeadDrafter(Drafter):
 
     def _reset_head(self) -> None:
         self.holding.use(None if self.kv == "dynamic" else static_pool(self.head, "head"))
-        self.holding.at_turn_start(1)
-        self.state.reset()
+        self.holding.restart(1)
         self.pairs_done = 0  # pairs (f_p, e_{p+1}) fed so far: p < pairs_done
         self.glob: torch.Tensor | None = None  # the latest image's global feature g (vispec)
         self.last_h: torch.Tensor | None = None  # the head's output at the last fed pair

@@ -328,8 +328,7 @@ class BatchedRows:
         else:
             inputs = {"inputs_embeds": self._embeddings(rows, length)}
         self.holding.use(self._pool(len(rows)))
-        self.holding.at_turn_start(length)
-        self.state.reset()
+        self.holding.restart(length)
         self.prefixes = [list(r.ids) for r in rows]
         self.rows = list(rows)
         self.pixels = [_images(r) for r in rows]
