@@ -33,7 +33,7 @@ TREES = {"chain": {}, "width": dict(tree_width=2), "dynamic": DYNAMIC}
 def random_head(target, kind: str, seed: int = 0) -> DraftHead:
     """A head with random weights for ``target`` (its embedding table copied, as training starts)."""
     torch.manual_seed(seed)
-    head = DraftHead(head_config(target), kind).to(torch.float64)
+    head = DraftHead(head_config(target), kind).to(device=target.model.device, dtype=torch.float64)
     with torch.no_grad():
         head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight)
         if kind == "vispec":
@@ -361,6 +361,14 @@ def test_a_head_is_no_ensemble_member(tiny_models, heads):
     with pytest.raises(InputError, match="drafter 'vispec' needs a vispec head"):
         build_drafter("vispec", target, None, head=heads["eagle"])
     assert build_drafter("vispec", target, None, head=heads["vispec"]).name == "vispec"
+
+
+def test_a_head_on_another_device_than_the_targets_lm_head_is_refused_in_one_line(tiny_models):
+    """The head's outputs go through the target's LM head; a head left elsewhere (built on the CPU for a GPU target)
+    is refused when the drafter is made, not deep in the first block (found on a GPU)."""
+    target = tiny_models["target"]
+    with pytest.raises(ValueError, match=r"^the draft head is on meta and the target's LM head on \w+.*head\.to"):
+        HeadDrafter(target, DraftHead(head_config(target), "eagle").to("meta"))
 
 
 def test_profile_head_section():

@@ -54,6 +54,10 @@ class HeadDrafter(Drafter):
         self.target = target
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
+        if head.fc.weight.device != self.lm_head.weight.device:
+            raise ValueError(f"the draft head is on {head.fc.weight.device} and the target's LM head on "
+                             f"{self.lm_head.weight.device}; move the head there first (head.to(device)), as "
+                             "load_head does")
         self.eagle3 = isinstance(head, Eagle3Head)  # reads layer inputs, runs at the target's positions
         self._logits = head_logits(head, self.lm_head)  # a head's outputs -> logits over the target's vocabulary
         self.device = head.fc.weight.device
