@@ -22,10 +22,14 @@ and the prefill as a large share of a compiled turn. This script takes both apar
    in the image's slots (no vision tower), and that text forward compiled at its one fixed shape (inductor, no CUDA
    graphs): whether compiling the prefill is worth it, and how much of it the vision tower is. The compiled
    prefill's logits are compared with the eager one's (largest difference, same argmax at every position).
+5. **The step with tuned kernels** (``--autotune``): the same forward compiled with inductor's own matmul templates
+   tuned per shape and coordinate-descent tuning (:data:`AUTOTUNE`, added to the engine's options), at the first
+   capacity, timed and profiled as in part 3, its logits compared with the engine step's: whether other kernels
+   than cuBLAS's one-row ones, and fewer of them, close the gap to the floor.
 
 Every result is appended to ``--out``/results.jsonl as it is measured.
 
-    python benchmarks/profile_cuda_step.py [--seq 640] [--capacities 1024,4096] [--prefill] [--out DIR]
+    python benchmarks/profile_cuda_step.py [--seq 640] [--capacities 1024,4096] [--prefill] [--autotune] [--out DIR]
     python benchmarks/profile_cuda_step.py --small --capacities 1024   # the script checked on a CPU, not a measurement
 
 It needs a CUDA device with about 20 GB free; it exits 0 whatever it measures.
@@ -115,11 +119,19 @@ def kernel_profile(step, steps: int) -> tuple[dict[str, float], list[tuple[str, 
     return dict(by_kind), top[:12], sum(len(t) for t in by_name.values())
 
 
-def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: int, record) -> None:
-    """Part 3: the engine's compiled one-token step after ``seq`` cached tokens in a state of ``capacity`` slots."""
-    from mmspec_cli.decoding.compiled import compiled_forward
+#: Inductor's own matmul templates, tuned per shape (``mode="max-autotune"``'s options), with coordinate-descent
+#: tuning of the other kernels: what ``--autotune`` adds to the engine's options (CUDA graphs, no guards).
+AUTOTUNE = {"max_autotune": True, "coordinate_descent_tuning": True}
+
+
+def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: int, record,
+                  autotune: bool = False) -> torch.Tensor:
+    """Part 3: the engine's compiled one-token step after ``seq`` cached tokens in a state of ``capacity`` slots
+    (``autotune``: the same forward compiled here with :data:`AUTOTUNE` added to the engine's options). Returns the
+    step's logits (1, V)."""
+    from mmspec_cli.decoding.compiled import compile_options, compiled_forward
     from mmspec_cli.decoding.kv_state import StaticKV
-    from mmspec_cli.models.parts import with_cache
+    from mmspec_cli.models.parts import text_decoder, with_cache
     from mmspec_cli.models.positions import TEXT_POSITIONS
 
     model = models.target.model
@@ -127,20 +139,37 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
     vocab = model.get_output_embeddings().weight.shape[0]
     prefix = torch.randint(5, vocab, (1, seq), generator=torch.Generator().manual_seed(0)).to(device)
     state = StaticKV(model.config, capacity)
-    compiled = compiled_forward(model, "target")
     ids, positions = torch.full((1, 1), 7, device=device), TEXT_POSITIONS.chain(seq, 1).to(device)
+    if autotune:  # the engine's step forward (compiled_forward's), compiled with other options
+        decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
 
-    def step():
-        state.rollback(seq)
-        out = compiled(state, ids, positions, None)
-        assert out is not None, f"the step ran eager: {compiled.failed}"
+        def forward(input_ids, position_ids, cache):
+            out = decoder(inputs_embeds=embed(input_ids), position_ids=position_ids, **with_cache(cache),
+                          use_cache=True)
+            return lm_head(out.last_hidden_state)
+
+        graph = torch.compile(forward, dynamic=False, options={**compile_options(device), **AUTOTUNE})
+
+        def step():
+            state.rollback(seq)
+            logits = graph(ids, positions, state.cache)
+            state.wrote(1)
+            return logits[0]
+    else:
+        compiled = compiled_forward(model, "target")
+
+        def step():
+            state.rollback(seq)
+            out = compiled(state, ids, positions, None)
+            assert out is not None, f"the step ran eager: {compiled.failed}"
+            return out[0][0]
 
     began = time.perf_counter()
     with torch.inference_mode():
         model(input_ids=prefix, **with_cache(state.cache), use_cache=True,
               position_ids=TEXT_POSITIONS.chain(0, seq).to(device))
         state.wrote(seq)
-        step()  # compiles
+        logits = step().float().clone()  # compiles
         synchronize(device)
         compile_s = time.perf_counter() - began
         medians = []
@@ -161,7 +190,8 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
                 print(f"  the profiler failed: {type(error).__name__}: {error}")
     wall = statistics.median(medians)
     kernels = sum(kinds.values())
-    print(f"\ncompiled step, 1 token after {seq} cached, capacity {capacity}: compiled in {compile_s:.1f} s; wall "
+    label = "compiled step with --autotune's options" if autotune else "compiled step"
+    print(f"\n{label}, 1 token after {seq} cached, capacity {capacity}: compiled in {compile_s:.1f} s; wall "
           f"{spread(medians)} ms per step (median of {rounds} medians of 17)", flush=True)
     if seen:
         print(f"  kernels {kernels:.3f} ms per step ({seen // profile_steps} kernel launches per step), idle "
@@ -170,8 +200,9 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
             print(f"    {ms:7.3f} ms  x{calls:<4d} {kind_of(name):9s} {name[:110]}")
     elif device.type == "cuda":
         print("  the profiler saw no kernel inside the CUDA graph's replay (its CUPTI does not trace graph nodes)")
-    record(kind="compiled_step", seq=seq, capacity=capacity, compile_s=compile_s, wall_ms=medians,
-           kernel_ms=kinds, kernel_launches=seen / max(profile_steps, 1), top=top)
+    record(kind="compiled_step", autotune=autotune, seq=seq, capacity=capacity, compile_s=compile_s,
+           wall_ms=medians, kernel_ms=kinds, kernel_launches=seen / max(profile_steps, 1), top=top)
+    return logits
 
 
 def prefill_parts(models, rounds: int, record) -> None:
@@ -256,6 +287,8 @@ def main() -> None:
     parser.add_argument("--capacities", default="1024,4096", help="static state capacities, comma-separated")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--prefill", action="store_true", help="also take the prefill apart (part 4)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="also the step compiled with inductor's tuned matmul templates, at the first capacity")
     parser.add_argument("--out", type=Path, default=Path("results/cuda-step"))
     parser.add_argument("--small", action="store_true", help="a 4-layer, 256-wide float32 language model on the CPU: "
                         "a check of this script, not a measurement")
@@ -285,8 +318,14 @@ def main() -> None:
               f"{spread(alone)} ms: {linear_floor / statistics.median(alone):.2f} of the linear floor", flush=True)
         record(kind="floor", machine=machine(), bandwidth=bandwidth, weights=weights, linear_weights=linear,
                floor_ms=floor, linear_floor_ms=linear_floor, matmuls_alone_ms=alone)
-    for capacity in (int(c) for c in args.capacities.split(",")):
-        compiled_step(models, args.seq, capacity, args.rounds, 20, record)
+    capacities = [int(c) for c in args.capacities.split(",")]
+    engine = [compiled_step(models, args.seq, capacity, args.rounds, 20, record) for capacity in capacities]
+    if args.autotune:
+        tuned = compiled_step(models, args.seq, capacities[0], args.rounds, 20, record, autotune=True)
+        largest = (tuned - engine[0]).abs().max().item()
+        same = bool(tuned.argmax(-1) == engine[0].argmax(-1))
+        print(f"  its logits against the engine step's: largest difference {largest:.3g}, same argmax: {same}")
+        record(kind="autotune_logits", largest_difference=largest, same_argmax=same)
     if args.prefill:
         prefill_parts(models, args.rounds, record)
 
