@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -136,6 +137,29 @@ def language_model_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for part in parts for p in part.parameters())
 
 
+SMALL_HELP = "a 4-layer, 256-wide float32 language model on the CPU: a check of this script, not a measurement"
+
+
+def chosen_device(small: bool) -> str:
+    """``cuda``, or the CPU under ``--small``; a machine without CUDA is refused."""
+    if not small and not torch.cuda.is_available():
+        raise SystemExit("this benchmark needs a CUDA device (--small checks the script on a CPU)")
+    return "cpu" if small else "cuda"
+
+
+def results_log(out: Path) -> Callable[..., None]:
+    """A function that appends its keywords to ``out``/results.jsonl as one JSON line, at once (``out`` created):
+    an interrupted run keeps what it measured."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "results.jsonl").open("a")
+
+    def record(**fields) -> None:
+        log.write(json.dumps(fields) + "\n")
+        log.flush()
+
+    return record
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
@@ -144,33 +168,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3, help="demo-single samples (first turn of each)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per turn at most")
-    parser.add_argument("--ssd-layer", type=int, default=8, help="the target's layers ssd drafts with")
+    parser.add_argument("--ssd-layer", type=int, default=None,
+                        help="the target's layers ssd drafts with (default 8; 2 of the 4 under --small)")
     parser.add_argument("--seq", type=int, default=640, help="cached tokens before the timed steps T(1), T(γ+1)")
     parser.add_argument("--modes", default="eager,compiled")
     parser.add_argument("--out", type=Path, default=Path("results/cuda-7b"))
     parser.add_argument("--dtype", default="float16", help="the target's weights (float32 shows what rounding does)")
-    parser.add_argument("--small", action="store_true", help="a 4-layer, 256-wide float32 language model on the CPU: "
-                        "a check of this script, not a measurement")
+    parser.add_argument("--small", action="store_true", help=SMALL_HELP)
     args = parser.parse_args()
-    device = "cpu" if args.small else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("this benchmark needs a CUDA device (--small checks the script on a CPU)")
+    device = chosen_device(args.small)
     from mmspec_cli.bench.sources import resolve
     from mmspec_cli.decoding.compiled import LOG
     from mmspec_cli.decoding.engine import SpeculativeDecoder
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = (args.out / "results.jsonl").open("a")
-
-    def record(**fields) -> None:
-        log.write(json.dumps(fields) + "\n")
-        log.flush()
-
+    record = results_log(args.out)
     print(f"machine: {machine()}", flush=True)
     bandwidth = copy_bandwidth() if device == "cuda" else float("nan")
     began = time.perf_counter()
     dtype = getattr(torch, args.dtype)
-    models = build(args.ssd_layer, args.tokens, device, SMALL if args.small else FULL, dtype)
+    ssd_layer = args.ssd_layer if args.ssd_layer is not None else (2 if args.small else 8)
+    models = build(ssd_layer, args.tokens, device, SMALL if args.small else FULL, dtype)
     synchronize(torch.device(device))
     weights = language_model_bytes(models.target.model)
     floor_ms = 1000 * weights / bandwidth

@@ -38,7 +38,6 @@ It needs a CUDA device with about 20 GB free; it exits 0 whatever it measures.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import time
@@ -49,7 +48,8 @@ import torch
 import torch.nn.functional as F
 
 from bench_compiled import pictures, synchronize
-from bench_cuda_7b import FULL, SMALL, build, copy_bandwidth, language_model_bytes, spread
+from bench_cuda_7b import (FULL, SMALL, SMALL_HELP, build, chosen_device, copy_bandwidth, language_model_bytes,
+                           results_log, spread)
 from bench_demo_suites import machine
 
 #: Kernel kinds, by the first pattern a kernel's name matches (cuBLAS's Hopper kernels are named nvjet_*).
@@ -290,19 +290,10 @@ def main() -> None:
     parser.add_argument("--autotune", action="store_true",
                         help="also the step compiled with inductor's tuned matmul templates, at the first capacity")
     parser.add_argument("--out", type=Path, default=Path("results/cuda-step"))
-    parser.add_argument("--small", action="store_true", help="a 4-layer, 256-wide float32 language model on the CPU: "
-                        "a check of this script, not a measurement")
+    parser.add_argument("--small", action="store_true", help=SMALL_HELP)
     args = parser.parse_args()
-    device = "cpu" if args.small else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("this benchmark needs a CUDA device (--small checks the script on a CPU)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = (args.out / "results.jsonl").open("a")
-
-    def record(**fields) -> None:
-        log.write(json.dumps(fields) + "\n")
-        log.flush()
-
+    device = chosen_device(args.small)
+    record = results_log(args.out)
     print(f"machine: {machine()}", flush=True)
     models = build(0, 128, device, SMALL if args.small else FULL, torch.float32 if args.small else torch.float16)
     model = models.target.model
