@@ -13,7 +13,7 @@ and the prefill as a large share of a compiled turn. This script takes both apar
    kernels can reach.
 3. **The engine's compiled step** of one token (``compiled_forward``: CUDA graphs) after ``--seq`` cached tokens,
    for each static capacity of ``--capacities`` (a turn's state is allocated at the next power of two of what it
-   needs, at least 1024; attention over a static cache reads every slot of it): wall time per step (host clock,
+   needs, at least 512; attention over a static cache reads every slot of it): wall time per step (host clock,
    the GPU waited for), and the kernels' own time per step from ``torch.profiler``, grouped into matmul, attention,
    copies and the other (fused) kernels, with the top kernels by time. Wall time minus kernel time is the time the
    GPU sat idle inside a step (launches, the host).
