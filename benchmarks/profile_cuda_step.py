@@ -15,7 +15,8 @@ and the prefill as a large share of a compiled turn. This script takes both apar
    for each static capacity of ``--capacities`` (a turn's state is allocated at the next power of two of what it
    needs, at least 512; attention over a static cache reads every slot of it): wall time per step (host clock,
    the GPU waited for), and the kernels' own time per step from ``torch.profiler``, grouped into matmul, attention,
-   copies and the other (fused) kernels, with the top kernels by time. Wall time minus kernel time is the time the
+   inductor's fused kernels (norms, rotary embeddings, the cache's writes), copies and others, with the top kernels
+   by time. Wall time minus kernel time is the time the
    GPU sat idle inside a step (launches, the host).
 4. **The prefill** (``--prefill``): the processor on one demo-single sample's image and prompt (host), the model's
    eager forward over it with the image (what a turn's first verification runs), the same forward with text tokens
@@ -52,11 +53,14 @@ from bench_cuda_7b import (FULL, SMALL, SMALL_HELP, build, chosen_device, copy_b
                            results_log, spread)
 from bench_demo_suites import machine
 
-#: Kernel kinds, by the first pattern a kernel's name matches (cuBLAS's Hopper kernels are named nvjet_*).
+#: Kernel kinds, by the first pattern a kernel's name matches. Inductor's generated kernels (``triton_*``) are one
+#: kind whatever they fuse (a norm with its casts is named ``..._to_copy_..._rsqrt``, a rotary embedding feeding
+#: attention ``..._scaled_dot_product_...``); cuBLAS's Hopper kernels are named ``nvjet_*``.
 KINDS = (
-    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa", re.I)),
-    ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas|wgmma|_mm_|\bmm\b|dot_kernel", re.I)),
-    ("copy", re.compile(r"copy|memcpy|memset|index_put|scatter|cat_", re.I)),
+    ("fused by inductor", re.compile(r"^triton_")),
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|cudnn", re.I)),
+    ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas|wgmma", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy|index_put|scatter", re.I)),
 )
 
 
@@ -197,7 +201,7 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
         print(f"  kernels {kernels:.3f} ms per step ({seen // profile_steps} kernel launches per step), idle "
               f"{wall - kernels:.3f} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(kinds.items(), key=lambda x: -x[1])))
         for name, ms, calls in top:
-            print(f"    {ms:7.3f} ms  x{calls:<4d} {kind_of(name):9s} {name[:110]}")
+            print(f"    {ms:7.3f} ms  x{calls:<4d} {kind_of(name):17s} {name[:100]}")
     elif device.type == "cuda":
         print("  the profiler saw no kernel inside the CUDA graph's replay (its CUPTI does not trace graph nodes)")
     record(kind="compiled_step", autotune=autotune, seq=seq, capacity=capacity, compile_s=compile_s,
