@@ -55,8 +55,11 @@ from bench_demo_suites import machine
 
 #: Kernel kinds, by the first pattern a kernel's name matches. Inductor's generated kernels (``triton_*``) are one
 #: kind whatever they fuse (a norm with its casts is named ``..._to_copy_..._rsqrt``, a rotary embedding feeding
-#: attention ``..._scaled_dot_product_...``); cuBLAS's Hopper kernels are named ``nvjet_*``.
+#: attention ``..._scaled_dot_product_...``), but for its matmuls: a template (``triton_tem_*``, max-autotune's) or
+#: a kernel whose fused ops include one (``..._mm_...``, a one-row matmul decomposed into a reduction). cuBLAS's
+#: Hopper kernels are named ``nvjet_*``.
 KINDS = (
+    ("matmul", re.compile(r"^triton_tem_|^triton_\w*?_(mm|addmm|bmm|mv)(_|$)")),
     ("fused by inductor", re.compile(r"^triton_")),
     ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|cudnn", re.I)),
     ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitk|cublas|wgmma", re.I)),
