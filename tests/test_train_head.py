@@ -393,10 +393,10 @@ def test_out_inside_the_package_is_refused_writing_nothing(files, tmp_path, monk
     so that a run the rule failed to stop writes nowhere that matters."""
     from mmspec_cli.training import out_folder
 
-    assert out_folder.PACKAGE == Path(mmspec_cli.__file__).resolve().parent
+    assert out_folder.PACKAGE_DIR == Path(mmspec_cli.__file__).resolve().parent
     package = tmp_path / "site-packages" / "mmspec_cli"
     (package / "shipped" / "demo-eagle").mkdir(parents=True)
-    monkeypatch.setattr(out_folder, "PACKAGE", package)
+    monkeypatch.setattr(out_folder, "PACKAGE_DIR", package)
     for out in (package / "shipped" / "demo-eagle", package / "shipped" / "new-head", package):
         one_line(runner.invoke(app, command(files, "eagle", files["manifest"], "--out", str(out))),
                  "is inside mmspec's package")

@@ -35,6 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from mmspec_cli.errors import MmspecError, ModelLoadError
 from mmspec_cli.models.families import family_of
+from mmspec_cli.models.profiles import PACKAGE_DIR
 from mmspec_cli.models.prompts import newline_token_id
 from mmspec_cli.models.vocabulary import VocabularyMatch, match_vocabularies, speak_target_ids
 
@@ -84,7 +85,7 @@ SHIPPED_PREFIX = "mmspec:"
 
 def shipped_models_dir() -> Path:
     """Where the models trained by ``scripts/train_demo.py`` are shipped: ``mmspec_cli/shipped/``."""
-    return Path(__file__).resolve().parents[1] / "shipped"  # mmspec_cli/shipped
+    return PACKAGE_DIR / "shipped"
 
 
 def model_location(model: str) -> str:

@@ -421,15 +421,18 @@ class Profile:
 # --------------------------------------------------------------------------- public API
 
 
+#: mmspec's own package folder (``mmspec_cli/``): the built-in profiles and the shipped models live under it.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
 def builtin_profiles_dir() -> Path:
     """Directory of the built-in profiles.
 
     ``mmspec_cli/profiles/`` in a wheel install, else ``<repo root>/profiles`` (editable
     installs and checkouts).
     """
-    package_dir = Path(__file__).resolve().parents[1]  # mmspec_cli/
-    packaged = package_dir / "profiles"
-    return packaged if packaged.is_dir() else package_dir.parent / "profiles"
+    packaged = PACKAGE_DIR / "profiles"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "profiles"
 
 
 def list_profiles() -> list[str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from mmspec_cli.choices import IMITATION
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.profiles import PACKAGE_DIR
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.bench.records import OutLock
 from mmspec_cli.training.locks import out_lock_path
@@ -36,10 +37,6 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 CHECKPOINT = "checkpoint.pt"
 OWN_FILES = frozenset({CONFIG, WEIGHTS, CHECKPOINT, *(f"{name}.tmp" for name in (CONFIG, WEIGHTS, CHECKPOINT))})
-
-
-#: mmspec's own package folder: the shipped models (``mmspec:demo-eagle``, ...) live under it.
-PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def resolve_out(text: str) -> Path:
@@ -53,8 +50,8 @@ def resolve_out(text: str) -> Path:
     if folder.parent == folder:
         raise InputError(f"--out {shorten(text)} is the root folder, which has no name to put the answers file "
                          f"beside; name a folder under it, e.g. --out heads/my-vispec")
-    if folder.resolve() == PACKAGE or PACKAGE in folder.resolve().parents:
-        raise InputError(f"--out {shorten(text)} is inside mmspec's package ({PACKAGE}), whose shipped models every "
+    if folder.resolve().is_relative_to(PACKAGE_DIR):
+        raise InputError(f"--out {shorten(text)} is inside mmspec's package ({PACKAGE_DIR}), whose shipped models every "
                          f"run of this installation loads; name a folder elsewhere, e.g. --out heads/my-vispec")
     return folder
 
