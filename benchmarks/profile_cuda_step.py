@@ -131,6 +131,20 @@ def kernel_profile(step, steps: int) -> tuple[dict[str, float], list[tuple[str, 
 AUTOTUNE = {"max_autotune": True, "coordinate_descent_tuning": True}
 
 
+def text_forward(model):
+    """The forward of the engine's compiled step on text tokens (``compiled.compiled_forward``'s, its logits only):
+    ``(input_ids, position_ids, cache) -> logits``, embedding, the language decoder and the LM head."""
+    from mmspec_cli.models.parts import text_decoder, with_cache
+
+    decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
+
+    def forward(input_ids, position_ids, cache):
+        out = decoder(inputs_embeds=embed(input_ids), position_ids=position_ids, **with_cache(cache), use_cache=True)
+        return lm_head(out.last_hidden_state)
+
+    return forward
+
+
 def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: int, record,
                   autotune: bool = False) -> torch.Tensor:
     """Part 3: the engine's compiled one-token step after ``seq`` cached tokens in a state of ``capacity`` slots
@@ -138,7 +152,7 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
     step's logits (1, V)."""
     from mmspec_cli.decoding.compiled import compile_options, compiled_forward
     from mmspec_cli.decoding.kv_state import StaticKV
-    from mmspec_cli.models.parts import text_decoder, with_cache
+    from mmspec_cli.models.parts import with_cache
     from mmspec_cli.models.positions import TEXT_POSITIONS
 
     model = models.target.model
@@ -147,15 +161,8 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
     prefix = torch.randint(5, vocab, (1, seq), generator=torch.Generator().manual_seed(0)).to(device)
     state = StaticKV(model.config, capacity)
     ids, positions = torch.full((1, 1), 7, device=device), TEXT_POSITIONS.chain(seq, 1).to(device)
-    if autotune:  # the engine's step forward (compiled_forward's), compiled with other options
-        decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
-
-        def forward(input_ids, position_ids, cache):
-            out = decoder(inputs_embeds=embed(input_ids), position_ids=position_ids, **with_cache(cache),
-                          use_cache=True)
-            return lm_head(out.last_hidden_state)
-
-        graph = torch.compile(forward, dynamic=False, options={**compile_options(device), **AUTOTUNE})
+    if autotune:  # the engine's step forward, compiled with other options
+        graph = torch.compile(text_forward(model), dynamic=False, options={**compile_options(device), **AUTOTUNE})
 
         def step():
             state.rollback(seq)
@@ -242,13 +249,8 @@ def prefill_parts(models, rounds: int, record) -> None:
     text_ids = ids.masked_fill(ids == model.config.image_token_index, 7)
     positions = TEXT_POSITIONS.chain(0, length).to(device)
     state = StaticKV(model.config, static_capacity(length + 64))
-    decoder, embed, lm_head = model.model.language_model, model.get_input_embeddings(), model.get_output_embeddings()
-
-    def text_forward(input_ids, position_ids, cache):
-        out = decoder(inputs_embeds=embed(input_ids), position_ids=position_ids, **with_cache(cache), use_cache=True)
-        return lm_head(out.last_hidden_state)
-
-    compiled_text = torch.compile(text_forward, dynamic=False)
+    forward = text_forward(model)
+    compiled_text = torch.compile(forward, dynamic=False)
 
     def timed(fn) -> list[float]:
         times = []
@@ -264,7 +266,7 @@ def prefill_parts(models, rounds: int, record) -> None:
 
     with torch.inference_mode():
         state.rollback(0)
-        eager_logits = text_forward(text_ids, positions, state.cache)[0].float()
+        eager_logits = forward(text_ids, positions, state.cache)[0].float()
         state.wrote(length)
         began = time.perf_counter()
         state.rollback(0)
@@ -277,7 +279,7 @@ def prefill_parts(models, rounds: int, record) -> None:
         for _ in range(3):  # interleaved
             found["with image"] += timed(lambda: model(input_ids=ids, pixel_values=pixels, **with_cache(state.cache),
                                                        use_cache=True, position_ids=positions, logits_to_keep=1))
-            found["text only"] += timed(lambda: text_forward(text_ids, positions, state.cache))
+            found["text only"] += timed(lambda: forward(text_ids, positions, state.cache))
             found["text only, compiled"] += timed(lambda: compiled_text(text_ids, positions, state.cache))
     print(f"\nprefill of {length} tokens (one image), ms: processor (host) {spread(processor_ms)}", flush=True)
     for name, times in found.items():
