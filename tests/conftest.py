@@ -48,6 +48,20 @@ def tiny_models(tiny_dirs):
     return {name: load(path, "draft" if name != "target" else "target") for name, path in tiny_dirs.items()}
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """After each test, accelerate's process-wide state is reset, as its own test cases do: a training run that
+    made an ``Accelerator`` for a GPU target would otherwise refuse the next test's CPU one (``cpu=True``)."""
+    yield
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Loading a model fails the test: the refusals under test must come before any work."""

@@ -20,14 +20,16 @@ DYNAMIC = dict(tree="dynamic", tree_budget=12, tree_depth=3, tree_topk=3)
 TREES = {"chain": {}, "width": dict(tree_width=2), "dynamic": DYNAMIC}
 
 
-def random_eagle3(target, draft_vocab: int | None = None, seed: int = 0) -> Eagle3Head:
-    """An EAGLE-3 head with random weights for ``target``: its embedding copied, the draft vocabulary every other
-    token id (so that the map from draft to target ids is not the identity)."""
+def random_eagle3(target, draft_vocab: int | None = None, seed: int = 0, device=None) -> Eagle3Head:
+    """An EAGLE-3 head with random weights for ``target``, on ``device`` (default: the target's): its embedding
+    copied, the draft vocabulary every other token id (so that the map from draft to target ids is not the
+    identity)."""
     torch.manual_seed(seed)
     text = target.model.config.get_text_config()
     vocab = target.vocab_size
     draft_vocab = draft_vocab or vocab // 2
-    head = Eagle3Head(head_config(text, vocab), default_layers(text.num_hidden_layers), draft_vocab).to(torch.float64)
+    head = Eagle3Head(head_config(text, vocab), default_layers(text.num_hidden_layers), draft_vocab).to(
+        device=device or target.model.device, dtype=torch.float64)
     with torch.no_grad():
         head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight)
         head.lm_head.weight.mul_(4.0)  # sharpened: its argmaxes are far from ties
@@ -38,6 +40,12 @@ def random_eagle3(target, draft_vocab: int | None = None, seed: int = 0) -> Eagl
 @pytest.fixture(scope="module")
 def head(tiny_models):
     return random_eagle3(tiny_models["target"])
+
+
+@pytest.fixture(scope="module")
+def cpu_head(tiny_models):
+    """The same head on the CPU, for the rules checked on tensors made here (whatever device the engine's tests use)."""
+    return random_eagle3(tiny_models["target"], device="cpu")
 
 
 # --------------------------------------------------------------------------- pure rules
@@ -99,9 +107,10 @@ def test_text_positions_on_every_mrope_row_are_1d_rope():
                                rotary_angles(inv_freq, flat, None))
 
 
-def test_the_layer_keeps_the_raw_hidden_stream_as_its_residual(head):
+def test_the_layer_keeps_the_raw_hidden_stream_as_its_residual(cpu_head):
     """EAGLE-3's layer: attention reads cat(input_layernorm(e), hidden_norm(x)), the residual is x itself (vLLM's
     ``norm_before_residual: false``)."""
+    head = cpu_head
     torch.manual_seed(1)
     hidden = head.config.hidden_size
     inputs = torch.randn(1, 3, 2 * hidden, dtype=torch.float64)
@@ -202,12 +211,13 @@ def test_the_unroll_mask_is_causal_then_diagonal():
                                    [1, 1, 1, 0, 0, 1, 0, 0, 1]]
 
 
-def test_each_unrolled_step_is_what_drafting_feeds(head):
+def test_each_unrolled_step_is_what_drafting_feeds(cpu_head):
     """Step k at index p of the training-time test == the k-th drafted entry after token p, fed as drafting feeds it:
     step 0's entries ≤ p, then each drafted entry with its parent's output, the next token's embedding, the next
     position, seeing everything before it."""
     from mmspec_cli.training.eagle3 import Eagle3Sequence, unrolled
 
+    head = cpu_head
     torch.manual_seed(3)
     hidden, width = head.config.hidden_size, head.fc.in_features
     n_ids = 9

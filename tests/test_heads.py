@@ -367,7 +367,7 @@ def test_a_head_on_another_device_than_the_targets_lm_head_is_refused_in_one_lin
     """The head's outputs go through the target's LM head; a head left elsewhere (built on the CPU for a GPU target)
     is refused when the drafter is made, not deep in the first block (found on a GPU)."""
     target = tiny_models["target"]
-    with pytest.raises(ValueError, match=r"^the draft head is on meta and the target's LM head on \w+.*head\.to"):
+    with pytest.raises(ValueError, match=r"^the draft head is on meta and the target's LM head on \w+.*\.to\(device\)"):
         HeadDrafter(target, DraftHead(head_config(target), "eagle").to("meta"))
 
 

@@ -23,13 +23,14 @@ from tests.helpers import FOLLOW_UP, QUESTION, reference
 from tests.test_ssd import LAYERS, deep  # noqa: F401  (the 4-layer target fixture)
 
 
-def random_imitation(hidden: int, seed: int = 0, scale: float = 0.5) -> ImitationNetwork:
-    """An IN whose residual branch is not zero, so it changes the draft."""
+def random_imitation(hidden: int, seed: int = 0, scale: float = 0.5, device="cpu") -> ImitationNetwork:
+    """An IN whose residual branch is not zero, so it changes the draft (built on the CPU, then moved to
+    ``device``: the same weights wherever it runs)."""
     torch.manual_seed(seed)
     network = ImitationNetwork(hidden).to(torch.float64)
     with torch.no_grad():
         network.fc2.weight.normal_(0, scale / hidden ** 0.5)
-    return network.eval()
+    return network.to(device).eval()
 
 
 def hidden_size(target) -> int:
@@ -58,7 +59,7 @@ def test_an_untrained_network_is_the_draft_without_imitation(deep):
 
 @pytest.mark.parametrize("layer", [1, 2])
 def test_the_draft_goes_through_the_network(deep, layer):
-    network = random_imitation(hidden_size(deep))
+    network = random_imitation(hidden_size(deep), device=deep.model.device)
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=layer, imitation=network))
@@ -73,7 +74,8 @@ def test_the_draft_goes_through_the_network(deep, layer):
 @pytest.mark.parametrize("tree", [{}, {"tree": "dynamic", "tree_budget": 12, "tree_topk": 3}])
 @pytest.mark.parametrize("n_images", [0, 1, 2])
 def test_greedy_equals_target_generate(deep, tree, n_images):
-    drafter = build_drafter("ssd", deep, None, ssd_layer=2, imitation=random_imitation(hidden_size(deep)))
+    drafter = build_drafter("ssd", deep, None, ssd_layer=2, imitation=random_imitation(hidden_size(deep),
+                                                                                 device=deep.model.device))
     generation = SpeculativeDecoder(deep, drafter, gamma=3, max_new_tokens=24, **tree).generate(
         tiny.images(n_images), [QUESTION, FOLLOW_UP])
     first = generation.turns[0]
@@ -84,7 +86,7 @@ def test_greedy_equals_target_generate(deep, tree, n_images):
 def test_a_sampled_draft_carries_the_distribution_it_was_drawn_from(deep):
     """Sampling stays exact if q is what each token was drawn from: the verification rule is the one every
     drafter shares (its chi-square tests are in test_engine_sampling.py and test_ssd.py)."""
-    network = random_imitation(hidden_size(deep))
+    network = random_imitation(hidden_size(deep), device=deep.model.device)
     text = render_prompt(deep.processor, [QUESTION], [], 1)
     prompt = process(deep.processor, text, tiny.images(1))
     decoder = SpeculativeDecoder(deep, build_drafter("ssd", deep, None, ssd_layer=2, imitation=network))
@@ -111,14 +113,23 @@ def saved(deep, tmp_path_factory):
 
 def test_a_saved_network_loads_back_for_its_layer_and_target(deep, saved, tiny_models):
     network = load_imitation(str(saved), 2, deep)
+    assert next(network.parameters()).device == deep.model.device  # loaded where the target is
     x = torch.randn(2, hidden_size(deep), dtype=torch.float64)
-    torch.testing.assert_close(network(x), random_imitation(hidden_size(deep))(x), rtol=0, atol=0)
+    torch.testing.assert_close(network.cpu()(x), random_imitation(hidden_size(deep))(x), rtol=0, atol=0)
     with pytest.raises(InputError, match=r"was trained for layer 2, but ssd.layer is 1; set ssd.layer: 2"):
         load_imitation(str(saved), 1, deep)
     with pytest.raises(ModelLoadError, match=r"trained for another target \(num_hidden_layers 4 vs 2 in"):
         load_imitation(str(saved), 2, tiny_models["target"])
     with pytest.raises(ModelLoadError, match="has no config.json with an mmspec_imitation block"):
         load_imitation(str(saved.parent), 2, deep)
+
+
+def test_a_network_on_another_device_than_the_target_is_refused_in_one_line(deep):
+    """Refused when the drafter is made (as a draft head is), not deep in the first block."""
+    network = random_imitation(hidden_size(deep)).to("meta")
+    with pytest.raises(ValueError, match=r"^the imitation network is on meta and the target's LM head on \w+.*"
+                                         r"\.to\(device\)\), as load_imitation does$"):
+        build_drafter("ssd", deep, None, ssd_layer=2, imitation=network)
 
 
 def test_imitation_without_a_layer_is_refused_in_the_profile():

@@ -544,5 +544,5 @@ def test_an_eagle3_head_trains_on_the_layer_inputs_and_positions_it_drafts_from(
     track = decoder.cached_target.features
     held = len(track)
     assert held == len(trained_on.ids) - 1
-    torch.testing.assert_close(trained_on.features[:held], track.hidden.float(), rtol=0, atol=1e-6)
-    assert torch.equal(trained_on.positions[:held], track.positions)
+    torch.testing.assert_close(trained_on.features[:held].cpu(), track.hidden.float().cpu(), rtol=0, atol=1e-6)
+    assert torch.equal(trained_on.positions[:held].cpu(), track.positions.cpu())

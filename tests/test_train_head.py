@@ -5,6 +5,7 @@ Runs on the tiny float64 models of ``conftest.py``: a few answer tokens, a few s
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 import math
@@ -156,7 +157,7 @@ def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_pat
                                AnswerSettings(temperature=0.0, max_new_tokens=10, suffix=""))
     seq = read_sequence(target, Turn(conversation(0), records[0]))
     seq = type(seq)(seq.ids, seq.prompt_len, seq.embeds.double(), seq.hidden.double())
-    lm_head = target.model.get_output_embeddings()
+    lm_head = copy.deepcopy(target.model.get_output_embeddings()).cpu()  # the rule's maths, on the CPU's tensors
     objective = HeadObjective(head, lm_head, target.image_token_id, losses.vispec_loss, passes=passes, noise=0.0)
     with torch.no_grad():
         _, stats = objective([seq])

@@ -138,7 +138,7 @@ def body(head: DraftHead, x: torch.Tensor) -> torch.Tensor:
 def test_all_22_tensors_load_where_the_published_layout_puts_them(target, published):
     w = file_weights(published)
     assert len(w) == 22 and tuple(w["imadpt.q"].shape) == (2, 4, 8)
-    head = load_head(str(published), "vispec", None, target)
+    head = load_head(str(published), "vispec", None, target).cpu()  # the rules on the CPU's tensors
     assert head.kind == "vispec" and head.num_q == 2 and head.fc.weight.dtype == torch.float64
     layer = head.layers[0]
     assert isinstance(layer, Qwen2DecoderLayer) and layer.self_attn.o_proj.bias is None
@@ -157,7 +157,7 @@ def test_the_loaded_head_computes_what_the_files_tensors_say(target, published):
     """Layer, adaptor and fusion against forwards written out from the file: a tensor loaded into the wrong place
     (k's bias as v's, say), a bias dropped, or Llama's rope theta instead of the file's, and these differ."""
     w = file_weights(published)
-    head = load_head(str(published), "vispec", None, target)
+    head = load_head(str(published), "vispec", None, target).cpu()  # the rules on the CPU's tensors
     text = target.model.config.get_text_config()
     x = torch.randn(7, text.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(body(head, x), file_layer(w, x, torch.arange(7), text.num_attention_heads,
@@ -176,7 +176,7 @@ def test_the_loaded_head_computes_what_the_files_tensors_say(target, published):
 def test_each_bias_changes_the_heads_output(target, published, key):
     """(The adaptor's k bias adds q·b to every score of a query alike, which its softmax cancels: ViSpec's
     adaptor has no positions, so that bias is checked by value only, above.)"""
-    head = load_head(str(published), "vispec", None, target)
+    head = load_head(str(published), "vispec", None, target).cpu()  # the rules on the CPU's tensors
     x = torch.randn(6, head.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     before = (body(head, x), head.imadpt(x).detach())
     with torch.no_grad():
@@ -191,8 +191,8 @@ def test_an_mrope_setting_in_the_heads_config_is_read_as_its_plain_rope(target, 
     other = write_published(target, tmp_path / "mrope",
                             rope={"rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}})
     x = torch.randn(5, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    torch.testing.assert_close(body(load_head(str(other), None, None, target), x),
-                               body(load_head(str(published), None, None, target), x), rtol=0, atol=0)
+    torch.testing.assert_close(body(load_head(str(other), None, None, target).cpu(), x),
+                               body(load_head(str(published), None, None, target).cpu(), x), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- losslessness
@@ -251,7 +251,7 @@ def test_mmspecs_own_head_for_a_qwen_target_has_the_biases_and_loads_back(target
     assert json.loads((tmp_path / kind / "config.json").read_text())["qkv_bias"] is True
     again = load_head(str(tmp_path / kind), None, None, target)
     for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
+        assert torch.equal(a, b.cpu()), name
 
 
 # --------------------------------------------------------------------------- refusals

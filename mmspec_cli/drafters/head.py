@@ -40,7 +40,7 @@ from mmspec_cli.drafters.single import proposal
 from mmspec_cli.drafters.tree_drafting import TreeDrafts, TreeStep
 from mmspec_cli.models.eagle3 import Eagle3Head, full_vocabulary, layer_pass, own_pair
 from mmspec_cli.models.head import DraftHead, causal_mask, fuse, head_sequence, image_runs, layer_step
-from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.loading import LoadedModel, check_beside
 from mmspec_cli.models.prompts import ModelPrompt
 
 
@@ -54,10 +54,7 @@ class HeadDrafter(Drafter):
         self.target = target
         self.head = head
         self.lm_head = target.model.get_output_embeddings()
-        if head.fc.weight.device != self.lm_head.weight.device:
-            raise ValueError(f"the draft head is on {head.fc.weight.device} and the target's LM head on "
-                             f"{self.lm_head.weight.device}; move the head there first (head.to(device)), as "
-                             "load_head does")
+        check_beside(head, "draft head", self.lm_head, "LM head", "load_head")
         self.eagle3 = isinstance(head, Eagle3Head)  # reads layer inputs, runs at the target's positions
         self._logits = head_logits(head, self.lm_head)  # a head's outputs -> logits over the target's vocabulary
         self.device = head.fc.weight.device

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from mmspec_cli.errors import InputError, ModelLoadError
-from mmspec_cli.models.loading import LoadedModel
+from mmspec_cli.models.loading import LoadedModel, check_beside
 from mmspec_cli.models.parts import text_decoder, with_cache
 from mmspec_cli.models.positions import TEXT_POSITIONS
 from mmspec_cli.models.prompts import ModelPrompt
@@ -144,8 +144,10 @@ class SelfSpeculativeDrafter(Drafter):
         self.target = target
         self.layer = check_layer(layer, layer_count(target.model))
         self.imitation = imitation
-        self.decoder = early_exit_decoder(target.model, self.layer, imitation)
         self.lm_head = target.model.get_output_embeddings()
+        if imitation is not None:
+            check_beside(imitation, "imitation network", self.lm_head, "LM head", "load_imitation")
+        self.decoder = early_exit_decoder(target.model, self.layer, imitation)
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])
         self.prompt_fed = False  # whether the target holds the turn's prompt (after its first block)

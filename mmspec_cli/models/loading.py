@@ -150,6 +150,17 @@ def check_device(device: str, role: str) -> None:
                          f"set {role}.device to one of them, or to auto")
 
 
+def check_beside(network: torch.nn.Module, what: str, target_module: torch.nn.Module, target_part: str,
+                 loader: str) -> None:
+    """Refuse a drafter's own ``network`` (a draft head, an imitation network) on another device than the
+    ``target_module`` it runs beside: its first block would die deep in torch with a device error that names
+    neither. ``loader`` names what puts it there (its loading function)."""
+    mine, theirs = next(network.parameters()).device, next(target_module.parameters()).device
+    if mine != theirs:
+        raise ValueError(f"the {what} is on {mine} and the target's {target_part} on {theirs}; move it there first "
+                         f"(.to(device)), as {loader} does")
+
+
 #: LLM.int8's outlier threshold for a target: 0, no outlier columns. bitsandbytes picks its outlier columns from every
 #: row a call multiplies (``int8_vectorwise_quant``: the union over the rows, computed in floating point for all of
 #: them), so a token verified beside others rounds differently from the same token run alone by ``generate``, and a
