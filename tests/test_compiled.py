@@ -376,6 +376,8 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
     # the compiled decoder's chain of γ tokens ran as one graph (its length is the fourth argument's value)
     chain = holder.chain if hasattr(holder, "chain") else decoder.drafter.graphs
     assert any(key[3] == (int, GAMMA) for key in chain.traced)
+    if head is not None:  # a head's graph makes its first proposal too (no eager LM head call in a block)
+        assert chain.traced and all(key[0] == compiled_module.trace_key((None,))[0] for key in chain.traced)
 
 
 @pytest.mark.parametrize("drafter", ["m", "eagle"])

@@ -394,7 +394,8 @@ def shared_step(owner: Any, name: str, make: Callable[[], Callable], role: str, 
     return steps[name]
 
 
-def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callable[[], Callable]) -> CompiledGraphs:
+def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callable[[], Callable],
+                   make_first: Callable[[], Callable] | None = None) -> CompiledGraphs:
     """The one compiled greedy chain ``name`` of ``owner`` (a draft model, a batch of its rows, a head) in this
     process: :func:`~mmspec_cli.decoding.chain.chain_loop`, THE chain loop, over the draft step ``make_step()``
     builds, in ONE graph per chain length. The step is a function of ``owner``'s parts (the rules of
@@ -402,13 +403,19 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     (1,) at ``position`` (the chain's positions sliced for it) and returns the next proposal. The graph is called
     ``(first, carry, positions, steps, *params)``: ``first`` the proposal after the held tokens, ``positions`` those
     of the ``steps`` − 1 tokens it feeds; it returns the (steps,) tokens and, when proposals are pairs, what each
-    kept (steps, ...). It shares ``step``'s failure: a model whose step can't be compiled drafts its chains step by
-    step, eager, and is named once."""
+    kept (steps, ...). ``make_first`` builds ``first(carry, *params)``, the first proposal from the carry (a head's
+    LM head over its last output): called with ``first`` None, the graph computes it itself (the same key for
+    every such call: None is keyed by value). It shares ``step``'s failure: a model whose step can't be compiled
+    drafts its chains step by step, eager, and is named once."""
 
     def make() -> Callable:
         draft_step = make_step()
+        first_of = make_first() if make_first is not None else None
 
         def chain(first, carry, positions, steps, *params):
+            if first is None:
+                first = first_of(carry, *params)
+
             def feed(token, carry, i):
                 return draft_step(token, carry, positions[..., i:i + 1], *params)
 

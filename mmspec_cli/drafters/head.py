@@ -64,7 +64,7 @@ class HeadDrafter(Drafter):
         self.kv = "dynamic"  # the target's kind (begin_turn): static and compiled when the target's is
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (head_step)
-        self.step = DraftStep(self._feed)
+        self.step = DraftStep(self._feed, first=self._logits)
         # a tree's nodes leave the head's cache when it is drafted: nothing to keep after verification
         self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=lambda fed: None,
                                          done=self._tree_done))
@@ -104,9 +104,9 @@ class HeadDrafter(Drafter):
         if turn.cached_target.kv != self.kv:
             self.kv = turn.cached_target.kv
             self.compiled = compiled_head_step(self.head, self.device) if self.kv == "compiled" else None
-            self.chain = compiled_chain(self.head, "greedy chain", self.compiled, lambda: chain_step(self.head)) \
-                if self.kv == "compiled" else None
-            self.step = DraftStep(self._feed, compiled=self._compiled if self.chain is not None else None)
+            self.chain = head_chain(self.head, self.compiled) if self.kv == "compiled" else None
+            self.step = DraftStep(self._feed, first=self._logits,
+                                  compiled=self._compiled if self.chain is not None else None)
             self._reset_head()
         self.prompt = turn.prompt
         self.image_runs = image_runs(self.prompt.ids, self.target.image_token_id, len(self.prompt.ids))
@@ -204,7 +204,7 @@ class HeadDrafter(Drafter):
         if shape.tree:
             return self.trees.draft(verified, shape, picker)
         self._position = self._catch_up(verified)  # the last verified token's position: drafts follow it
-        tokens, drawn_from = draft_chain(self.step, self._logits(self.last_h), self.last_h, shape.length, picker)
+        tokens, drawn_from = draft_chain(self.step, None, self.last_h, shape.length, picker)  # first: the LM head's
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
     def accept(self, kept: Kept) -> None:
@@ -218,9 +218,10 @@ class HeadDrafter(Drafter):
                           causal_mask(1, self.base + i, h.dtype, self.device))[-1]
         return self._logits(h), h
 
-    def _compiled(self, first: torch.Tensor, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
-        """A greedy chain in ONE compiled graph of :func:`chain_step`, or None when it can't (the head's cache not
-        allocated yet, or compiling failed; the chain then runs eagerly)."""
+    def _compiled(self, first: None, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
+        """A greedy chain in ONE compiled graph of :func:`chain_step`, its first proposal (the LM head over ``h``)
+        included, or None when it can't (the head's cache not allocated yet, or compiling failed; the chain then
+        runs eagerly)."""
         state, lm_head = self.state, self.lm_head
         if not state.allocated:
             return None
@@ -280,9 +281,44 @@ def compiled_head_step(head: DraftHead | Eagle3Head, device: torch.device) -> Co
         layer_step(layer, rotary, inputs, positions, mask, cache),), "head", device)
 
 
+def head_chain(head: DraftHead | Eagle3Head, step: CompiledStep) -> CompiledGraphs:
+    """``head``'s one compiled greedy chain (:func:`~mmspec_cli.decoding.compiled.compiled_chain` over
+    :func:`chain_step`), which also makes the chain's first proposal from the head's last output when called with
+    ``first`` None (:func:`chain_first`): what the drafter runs, and what ``profile-latency --compile`` times."""
+    return compiled_chain(head, "greedy chain", step, lambda: chain_step(head), lambda: chain_first(head))
+
+
 def chain_step(head: DraftHead | Eagle3Head) -> Callable:
     """The draft step of ``head``'s compiled chain: :func:`head_step`, or :func:`eagle3_step`."""
     return eagle3_step(head) if isinstance(head, Eagle3Head) else head_step(head)
+
+
+def chain_first(head: DraftHead | Eagle3Head) -> Callable:
+    """The first proposal of ``head``'s compiled chain from its carried output h (1, H), with the step's parameters
+    (:func:`chain_params`, then the cache): the logits its draft step makes of each later output."""
+    if isinstance(head, Eagle3Head):
+        propose = eagle3_proposal(head)
+        return lambda h, cache: propose(h)
+    return lambda h, lm_weight, lm_bias, glob, cache: lm_head_proposal(h, lm_weight, lm_bias)
+
+
+def lm_head_proposal(h: torch.Tensor, lm_weight: torch.Tensor, lm_bias: torch.Tensor | None) -> torch.Tensor:
+    """An EAGLE-2 / ViSpec head's proposal: the target's LM head (``lm_weight``, ``lm_bias``) over the output h."""
+    return torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias)
+
+
+def eagle3_proposal(head: Eagle3Head) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An EAGLE-3 head's proposal of its output h: its own logits over the target's vocabulary
+    (:meth:`~mmspec_cli.models.eagle3.Eagle3Head.logits`, as a function of its parts for a graph)."""
+    norm, lm_head = head.norm, head.lm_head
+    target_ids, vocab_size = head.target_ids, head.config.vocab_size
+    whole = head.whole_vocabulary  # decided here, not in the graph: a data-dependent branch would break it
+
+    def propose(h):
+        draft = lm_head(norm(h))
+        return draft if whole else full_vocabulary(draft, target_ids, vocab_size)
+
+    return propose
 
 
 def chain_params(head: DraftHead | Eagle3Head, lm_head: torch.nn.Module, glob: torch.Tensor | None) -> tuple:
@@ -317,7 +353,7 @@ def head_step(head: DraftHead) -> Callable:
     def step(token, h, position, lm_weight, lm_bias, glob, cache):
         inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
         h = layer_step(layer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
-        return torch.nn.functional.linear(h.to(lm_weight.dtype), lm_weight, lm_bias), h
+        return lm_head_proposal(h, lm_weight, lm_bias), h
 
     return step
 
@@ -326,14 +362,12 @@ def eagle3_step(head: Eagle3Head) -> Callable:
     """An EAGLE-3 head's draft step for the compiled chain, as :func:`head_step`: the pair ``cat(e_token, h)`` at
     ``position``; the next proposal is the head's own logits over the target's vocabulary
     (:meth:`~mmspec_cli.models.eagle3.Eagle3Head.logits`)."""
-    embed, midlayer, rotary, norm, lm_head = head.embed_tokens, head.midlayer, head.rotary, head.norm, head.lm_head
-    target_ids, vocab_size = head.target_ids, head.config.vocab_size
-    whole = head.whole_vocabulary  # decided here, not in the graph: a data-dependent branch would break it
+    embed, midlayer, rotary = head.embed_tokens, head.midlayer, head.rotary
+    propose = eagle3_proposal(head)
 
     def step(token, h, position, cache):
         inputs = own_pair(embed(token), h)  # (1, 2H)
         h = layer_pass(midlayer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
-        draft = lm_head(norm(h))
-        return (draft if whole else full_vocabulary(draft, target_ids, vocab_size)), h
+        return propose(h), h
 
     return step
