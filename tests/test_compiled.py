@@ -380,6 +380,23 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
         assert chain.traced and all(key[0] == compiled_module.trace_key((None,))[0] for key in chain.traced)
 
 
+def test_a_chain_given_no_first_proposal_makes_it_from_the_carry_or_says_it_cannot():
+    """``draft_chain(step, None, carry, ...)``: the first proposal from ``DraftStep.first_of(carry)`` (a head's LM
+    head over its last output); a step without one is refused in one line, not called as None."""
+    from mmspec_cli.decoding.chain import DraftStep, draft_chain
+    from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
+
+    def feed(token, carry, i):  # the next proposal puts its mass one id below the token fed
+        return torch.nn.functional.one_hot(torch.tensor(token - 1), 4).double(), carry
+
+    greedy = TokenPicker(SamplingParams())
+    tokens, _ = draft_chain(DraftStep(feed, first_of=lambda carry: carry), None, torch.tensor([0.0, 0, 0, 5]), 3,
+                            greedy)
+    assert tokens == [3, 2, 1]
+    with pytest.raises(TypeError, match="^draft_chain was given no first proposal, and its DraftStep has no first_of"):
+        draft_chain(DraftStep(feed), None, torch.tensor([0.0, 0, 0, 5]), 3, greedy)
+
+
 @pytest.mark.parametrize("drafter", ["m", "eagle"])
 def test_every_static_buffer_a_compiled_decoder_writes_is_marked_static(compiled, drafter):
     """CUDA graphs replay only over buffers dynamo was told never move (``mark_static_address``). A static layer

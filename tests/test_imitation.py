@@ -127,7 +127,7 @@ def test_a_saved_network_loads_back_for_its_layer_and_target(deep, saved, tiny_m
 def test_a_network_on_another_device_than_the_target_is_refused_in_one_line(deep):
     """Refused when the drafter is made (as a draft head is), not deep in the first block."""
     network = random_imitation(hidden_size(deep)).to("meta")
-    with pytest.raises(ValueError, match=r"^the imitation network is on meta and the target's LM head on \w+.*"
+    with pytest.raises(ValueError, match=r"^the imitation network is on meta and the target's final norm on \w+.*"
                                          r"\.to\(device\)\), as load_imitation does$"):
         build_drafter("ssd", deep, None, ssd_layer=2, imitation=network)
 

@@ -4,7 +4,7 @@ Every drafter that drafts a chain with a network (a draft model, a batch of memb
 head, the target's early exit) writes one *draft step*, :class:`DraftStep`: what one forward gives for
 one token fed after its state. The first proposal of a block comes from the drafter's catch-up (the
 forward that feeds the verified tokens its state lacks), or from what it carries (a head's last output, through
-its LM head: :attr:`DraftStep.first`); then
+its LM head: :attr:`DraftStep.first_of`); then
 
     token₁ = choose(proposal₀); proposal₁ = step(token₁); token₂ = choose(proposal₁); ...
 
@@ -88,7 +88,7 @@ class DraftStep:
     - ``compiled(first, carry, steps)``: the whole greedy chain in one compiled graph (the tokens, and what was
       kept of each proposal, or None), the owner's bookkeeping included; None when it can't run now (not
       compiled, a state not allocated yet, compiling failed): the loop then runs eagerly;
-    - ``first(carry)``: for a step whose catch-up leaves only its carry (a head: its last output), the first
+    - ``first_of(carry)``: for a step whose catch-up leaves only its carry (a head: its last output), the first
       proposal from it (the head's LM head). :func:`draft_chain` is then given no ``first``: the eager loop calls
       this, and a compiled chain computes the same inside its graph (``first`` None), so that the block makes no
       eager call for it.
@@ -97,19 +97,21 @@ class DraftStep:
     feed: Callable[[Any, Any, int], tuple[Any, Any]]
     from_logits: bool = True
     compiled: Callable[[Any, Any, int], tuple[list[int], Any] | None] | None = None
-    first: Callable[[Any], Any] | None = None
+    first_of: Callable[[Any], Any] | None = None
 
 
 def draft_chain(step: DraftStep, first: Any, carry: Any, gamma: int,
                 picker: TokenPicker) -> tuple[list[int], list[Any]]:
     """A chain of ``gamma`` tokens from ``step``: in one compiled graph when greedy and the step has one that can run
     now, else :func:`chain_loop` eagerly. ``first`` is the proposal after the held tokens, or None for a step that
-    makes it from the carry (:attr:`DraftStep.first`). Returns the tokens and what was kept of each proposal (the
+    makes it from the carry (:attr:`DraftStep.first_of`). Returns the tokens and what was kept of each proposal (the
     distribution a sampled token was drawn from, an ensemble's member distributions)."""
     if picker.greedy and step.compiled is not None and gamma > 1:
         out = step.compiled(first, carry, gamma)
         if out is not None:
             return out
     if first is None:
-        first = step.first(carry)
+        if step.first_of is None:
+            raise TypeError("draft_chain was given no first proposal, and its DraftStep has no first_of to make one")
+        first = step.first_of(carry)
     return chain_loop(first, carry, step.feed, gamma, picker_choice(picker, step.from_logits))

@@ -405,7 +405,9 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     of the ``steps`` − 1 tokens it feeds; it returns the (steps,) tokens and, when proposals are pairs, what each
     kept (steps, ...). ``make_first`` builds ``first(carry, *params)``, the first proposal from the carry (a head's
     LM head over its last output): called with ``first`` None, the graph computes it itself (the same key for
-    every such call: None is keyed by value). It shares ``step``'s failure: a model whose step can't be compiled
+    every such call: None is keyed by value); a chain made without it must be given ``first``, and the first
+    ``make_first`` given for ``owner`` and ``name`` is the one kept (:func:`~mmspec_cli.drafters.head.head_chain`
+    makes every head's chain). It shares ``step``'s failure: a model whose step can't be compiled
     drafts its chains step by step, eager, and is named once."""
 
     def make() -> Callable:
@@ -413,7 +415,7 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
         first_of = make_first() if make_first is not None else None
 
         def chain(first, carry, positions, steps, *params):
-            if first is None:
+            if first is None:  # resolved when traced: None is part of the graph's key
                 first = first_of(carry, *params)
 
             def feed(token, carry, i):

@@ -64,7 +64,7 @@ class HeadDrafter(Drafter):
         self.kv = "dynamic"  # the target's kind (begin_turn): static and compiled when the target's is
         self.compiled: CompiledStep | None = None
         self.chain: CompiledGraphs | None = None  # a greedy chain's γ steps in one graph (head_step)
-        self.step = DraftStep(self._feed, first=self._logits)
+        self.step = DraftStep(self._feed, first_of=self._logits)
         # a tree's nodes leave the head's cache when it is drafted: nothing to keep after verification
         self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=lambda fed: None,
                                          done=self._tree_done))
@@ -105,7 +105,7 @@ class HeadDrafter(Drafter):
             self.kv = turn.cached_target.kv
             self.compiled = compiled_head_step(self.head, self.device) if self.kv == "compiled" else None
             self.chain = head_chain(self.head, self.compiled) if self.kv == "compiled" else None
-            self.step = DraftStep(self._feed, first=self._logits,
+            self.step = DraftStep(self._feed, first_of=self._logits,
                                   compiled=self._compiled if self.chain is not None else None)
             self._reset_head()
         self.prompt = turn.prompt
@@ -218,7 +218,7 @@ class HeadDrafter(Drafter):
                           causal_mask(1, self.base + i, h.dtype, self.device))[-1]
         return self._logits(h), h
 
-    def _compiled(self, first: None, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
+    def _compiled(self, first: torch.Tensor | None, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
         """A greedy chain in ONE compiled graph of :func:`chain_step`, its first proposal (the LM head over ``h``)
         included, or None when it can't (the head's cache not allocated yet, or compiling failed; the chain then
         runs eagerly)."""

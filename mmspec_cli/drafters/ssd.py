@@ -146,7 +146,8 @@ class SelfSpeculativeDrafter(Drafter):
         self.imitation = imitation
         self.lm_head = target.model.get_output_embeddings()
         if imitation is not None:
-            check_beside(imitation, "imitation network", self.lm_head, "LM head", "load_imitation")
+            check_beside(imitation, "imitation network", text_decoder(target.model).norm, "final norm",
+                         "load_imitation")  # it feeds the final norm
         self.decoder = early_exit_decoder(target.model, self.layer, imitation)
         self.cached_target: CachedModel | None = None
         self.prompt = ModelPrompt(ids=[])

@@ -155,10 +155,12 @@ def check_beside(network: torch.nn.Module, what: str, target_module: torch.nn.Mo
     """Refuse a drafter's own ``network`` (a draft head, an imitation network) on another device than the
     ``target_module`` it runs beside: its first block would die deep in torch with a device error that names
     neither. ``loader`` names what puts it there (its loading function)."""
-    mine, theirs = next(network.parameters()).device, next(target_module.parameters()).device
-    if mine != theirs:
-        raise ValueError(f"the {what} is on {mine} and the target's {target_part} on {theirs}; move it there first "
-                         f"(.to(device)), as {loader} does")
+    mine, theirs = (next(module.parameters(), None) for module in (network, target_module))
+    if mine is None or theirs is None:  # a module without weights runs wherever its input is
+        return
+    if mine.device != theirs.device:
+        raise ValueError(f"the {what} is on {mine.device} and the target's {target_part} on {theirs.device}; move it "
+                         f"there first (.to(device)), as {loader} does")
 
 
 #: LLM.int8's outlier threshold for a target: 0, no outlier columns. bitsandbytes picks its outlier columns from every
