@@ -15,7 +15,9 @@ takes the noise out:
 3. **Replay.** Every constant γ, the product's own :class:`~mmspec_cli.decoding.schedules.GammaSchedule` under
    ``cost`` (its step costs read from ``profile-latency``'s cache, as the CLI reads them; each block's measured time
    is the time of step 2 it is replayed at), and the **per-turn oracle**: each turn at the constant γ best for that
-   turn (a bound no schedule that learns within a turn can be sure to reach). Tokens per ms over each suite.
+   turn (a bound no schedule that learns within a turn can be sure to reach). Tokens per ms over each suite. A
+   turn's first block is replayed at its γ's steady time too: the prompt's prefill, which it also does, costs
+   every schedule the same, and is left out.
 
 The ratios printed are those of figure 6 (the schedule against the best constant and against γ = 5), with the
 per-turn oracle's beside them: the headroom an adaptive schedule has on these samples.
