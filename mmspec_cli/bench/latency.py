@@ -378,11 +378,12 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
 def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[int],
                                    timer: Timer) -> dict[int, float]:
     """T_hc(S, γ) for each γ of ``lengths``: a head's greedy chain of γ tokens as ``--compile`` drafts it after ``seq``
-    entries (written once for all of them), ONE graph of ``head.chain_step`` feeding γ − 1 of them. Its first
-    proposal (the LM head over the last entry's output) is given to the graph, made outside the timing: T_h(S)
-    holds that LM head call (:func:`compiled_head_step_latency_ms`), and a block's drafting is priced T_h(S) +
-    T_hc(S, γ) (:meth:`~mmspec_cli.decoding.schedules.StepCosts.drafting`), while the drafter's graph makes that
-    proposal itself after a catch-up without it: each call is priced once."""
+    entries (written once for all of them), ONE graph of ``head.chain_step`` feeding γ − 1 of them: the drafter's own
+    graph (:func:`~mmspec_cli.drafters.head.head_chain`), which makes its first proposal (the LM head over the last
+    entry's output) itself, so that the graph compiled here is the one decoding runs. That LM head call is priced in
+    T_h(S) (:func:`compiled_head_step_latency_ms`) and a block's drafting as T_h(S) + T_hc(S, γ)
+    (:meth:`~mmspec_cli.decoding.schedules.StepCosts.drafting`), so T_hc is the graph's time less the same LM head
+    call timed alone: each call is priced once."""
     from mmspec_cli.drafters.head import chain_params, compiled_head_step, head_chain, head_logits
     from mmspec_cli.models.head import causal_mask
 
@@ -396,18 +397,19 @@ def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[in
                     state.fit_mask(causal_mask(seq, 0, weight.dtype, weight.device)), state.cache)
     state.wrote(seq)
     h = out[0, -1]
-    first = head_logits(head, lm_head)(h)  # priced in T_h(S)
+    propose = head_logits(head, lm_head)
+    first_ms = timer.median_ms(run=lambda: propose(h))  # the first proposal, which T_h(S) prices
     chain = head_chain(head, compiled_head_step(head, weight.device))
 
     def run(steps: int):
         positions = torch.arange(seq, seq + steps - 1, device=weight.device)[None]
-        out = chain(first, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
+        out = chain(None, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
         if out is not None:
             state.wrote(steps - 1)  # the graph moved the write pointers itself
         return out
 
-    return {g: timer.median_ms(run=_compiled(chain, lambda g=g: run(g)), reset=lambda: state.rollback(seq))
-            for g in lengths}
+    return {g: max(0.0, timer.median_ms(run=_compiled(chain, lambda g=g: run(g)), reset=lambda: state.rollback(seq))
+                   - first_ms) for g in lengths}
 
 
 @dataclass(frozen=True)
