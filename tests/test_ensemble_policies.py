@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mmspec_cli.models.profiles import EnsembleSpec
-from mmspec_cli.drafters.weights import (WeightPolicy, adaboost_weights, candidate_errors,
-                                         candidate_mixtures, mixture, random_simplex_point, simplex_grid,
-                                         softmax_weights)
+from mmspec_cli.drafters.weights import (KL_FLOOR, WeightPolicy, adaboost_weights, candidate_errors,
+                                         candidate_mixtures, entropy_term, mixture, random_simplex_point,
+                                         simplex_grid, softmax_weights)
 
 
 def t(rows):
@@ -94,6 +94,28 @@ def test_tvd_and_kl_rank_a_constructed_case_differently():
         policy = started(WeightPolicy(2, EnsembleSpec(policy="grid", grid_steps=1, distance=distance), vocab_size=3))
         policy.observe(p, members, torch.tensor([0]))
         assert policy.weights().tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kl_errors_are_the_definition_for_every_candidate_and_position(dtype):
+    """e[t, j] = Σ_v p_tv log p_tv − Σ_v p_tv log max(q_{w_j,tv}, floor), written out in float64 with ``xlogy`` (0 log 0
+    = 0), for a target with zero probabilities: one error per (position, candidate), the mixtures left as given."""
+    generator = torch.Generator().manual_seed(3)
+    n, members, vocab = 4, 3, 301
+    q = torch.softmax(4 * torch.randn(n, members, vocab, generator=generator, dtype=dtype), dim=-1)
+    p = torch.softmax(4 * torch.randn(n, vocab, generator=generator, dtype=dtype), dim=-1)
+    p[0, :40] = 0.0
+    candidates = simplex_grid(members, 4).to(q)
+    mixed = candidate_mixtures(q, candidates)
+    given = mixed.clone()
+    errors = candidate_errors(p, mixed, "kl")
+    p64, mixed64 = p.double(), given.double()
+    expected = (torch.xlogy(p64, p64).sum(-1)[:, None]
+                - (p64[:, None, :] * mixed64.clamp_min(KL_FLOOR).log()).sum(-1))  # (n, C)
+    assert errors.shape == (n, len(candidates))
+    torch.testing.assert_close(errors.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+    assert torch.equal(mixed, given)  # the caller's mixtures are not written
+    assert torch.equal(entropy_term(p), torch.xlogy(p, p).sum(-1, keepdim=True))  # the same values as xlogy's
 
 
 def test_adaboost_equation_2_gives_the_expected_numbers():

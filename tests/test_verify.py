@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmspec_cli.decoding import verify
-from mmspec_cli.decoding.sampling import SamplingParams, probabilities
+from mmspec_cli.decoding.sampling import SamplingParams, argmax_ids, probabilities
 from mmspec_cli.decoding.verify import (draw_rows, residual_distribution, verify_any_tree_sampling, verify_greedy,
                                         verify_sampling, verify_sampling_batch, verify_tree_sampling)
 from mmspec_cli.drafters.weights import mixture
@@ -44,6 +44,24 @@ def test_greedy_mismatch_in_the_middle_ignores_later_matches():
 def test_greedy_with_no_draft_is_plain_decoding():
     verdict = verify_greedy(torch.tensor([], dtype=torch.long), one_hot_logits([4]))
     assert (verdict.accepted, verdict.next_token) == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_argmax_ids_picks_what_torch_argmax_picks_on_ties_nans_and_infinities(dtype):
+    """The greedy choice must be transformers' (``torch.argmax``: the first maximum, a NaN counting as the maximum)
+    wherever the faster ``torch.max`` indices are read instead: many ties (few distinct values), rows of -inf, a
+    NaN, vocabularies on both sides of a vectorised reduction's chunk, 1-D and 2-D, and a transposed (strided) view."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        rows, vocab = 1 + trial % 6, (3, 17, 1200, 4099)[trial % 4]
+        logits = torch.randint(-2, 3, (rows, vocab), generator=generator).to(dtype)  # ties everywhere
+        if trial % 5 == 0:
+            logits[0, int(torch.randint(0, vocab, (1,), generator=generator))] = float("nan")
+        if trial % 7 == 0:
+            logits[-1] = float("-inf")
+        strided = logits.t().contiguous().t()
+        for case in (logits, strided, logits[0]):
+            assert torch.equal(argmax_ids(case), case.argmax(dim=-1)), (trial, dtype)
 
 
 def test_residual_is_normalised_positive_part():

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.decoding.sampling import TokenPicker
+from mmspec_cli.decoding.sampling import TokenPicker, argmax_ids
 
 
 def chain_loop(first: Any, carry: Any, feed: Callable[[Any, Any, int], tuple[Any, Any]], steps: int,
@@ -71,7 +71,7 @@ def picker_choice(picker: TokenPicker, from_logits: bool) -> Callable[[Any], tup
         if from_logits:
             token, drawn_from = picker.choose(proposal)
         else:
-            token = int(proposal.argmax()) if picker.greedy else picker.choose_from(proposal)
+            token = int(argmax_ids(proposal)) if picker.greedy else picker.choose_from(proposal)
             drawn_from = None if picker.greedy else proposal
         return token, drawn_from if extra is None else (drawn_from, extra)
 

@@ -32,6 +32,15 @@ def working_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
+def argmax_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last axis, (...,) ids: on a tie the first maximum, as ``torch.argmax`` and transformers'
+    greedy search pick it (and a NaN counts as the maximum in both). Computed as ``torch.max``'s indices, which this
+    CPU build reduces vectorised: 2.5-6x faster than ``torch.argmax`` over a real vocabulary (6 rows of 152,064
+    bfloat16 logits: 0.61 ms against 2.87 ms; docs/BENCHMARKS.md). Inside a compiled graph inductor writes its own
+    reduction, so graphs keep ``argmax``."""
+    return logits.max(dim=-1).indices
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """softmax(logits / T) restricted to the top-k and then the top-p nucleus, renormalised.
 
@@ -104,7 +113,7 @@ class TokenPicker:
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """logits: (V,). Returns (token id, the distribution it was drawn from or None if greedy)."""
         if self.greedy:
-            return int(logits.argmax()), None
+            return int(argmax_ids(logits)), None
         probs = self.distribution(logits)
         return sample(probs, self.generator), probs
 

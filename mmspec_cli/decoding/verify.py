@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec_cli.decoding.sampling import argmax_ids
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def verify_greedy(draft_tokens: torch.Tensor | Sequence[int], target_logits: tor
     of the draft that equals the target's argmax, then the target's argmax after it. One argmax and one copy to the
     host; the prefix is compared in Python (a block's γ is small: tensor ops would cost more than they save)."""
     drafted = draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else list(draft_tokens)
-    target_choice = target_logits.argmax(dim=-1).tolist()  # γ + 1 ids
+    target_choice = argmax_ids(target_logits).tolist()  # γ + 1 ids
     accepted = 0
     while accepted < len(drafted) and drafted[accepted] == target_choice[accepted]:
         accepted += 1
@@ -134,7 +135,7 @@ def verify_tree_greedy(branches: torch.Tensor, root_logits: torch.Tensor, branch
     At most one branch starts with the target's argmax; the greedy chain rule then runs along
     it, which accepts the longest branch prefix equal to the target's own greedy tokens.
     """
-    choice = int(root_logits.argmax())
+    choice = int(argmax_ids(root_logits))
     firsts = branches[:, 0].tolist()
     if choice not in firsts:
         return TreeVerdict(branch=0, accepted=0, next_token=choice)
@@ -268,7 +269,7 @@ def verify_any_tree_greedy(parents: Sequence[int], tokens: Sequence[int], logits
     parents, tokens: per fed row; logits: (rows, V). The path is the longest one whose tokens are
     the target's own greedy tokens; the target's argmax at its end is the next token.
     """
-    choice = logits.argmax(dim=-1).tolist()  # (rows,)
+    choice = argmax_ids(logits).tolist()  # (rows,)
     children = _children(parents)
     row, path = 0, []
     while True:

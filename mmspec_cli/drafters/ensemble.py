@@ -140,6 +140,6 @@ class EnsembleDrafter(Drafter):
         if block_q is None:
             return
         n = min(verdict.accepted + 1, len(draft))
-        kept = torch.tensor((draft.tokens[: verdict.accepted] + [verdict.next_token])[:n])
+        kept = (draft.tokens[: verdict.accepted] + [verdict.next_token])[:n]
         p = member_distributions(target_logits[:n], picker)  # (n, V)
         self.policy.observe(p, block_q[:n].to(p), kept)

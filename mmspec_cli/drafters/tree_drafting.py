@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec_cli.decoding.drafter import DraftShape, TreeDraft
-from mmspec_cli.decoding.sampling import TokenPicker, draw_without_replacement
+from mmspec_cli.decoding.sampling import TokenPicker, argmax_ids, draw_without_replacement
 from mmspec_cli.decoding.tree import ROOT, TreeTopology, best, rerank, top_children
 
 
@@ -51,7 +51,7 @@ def first_tokens(proposal: torch.Tensor, width: int, picker: TokenPicker) -> lis
 
 def pick(proposal: torch.Tensor, picker: TokenPicker) -> int:
     """One token from a proposal: its argmax when greedy, a draw from it when sampling."""
-    return int(proposal.argmax()) if picker.greedy else picker.choose_from(proposal)
+    return int(argmax_ids(proposal)) if picker.greedy else picker.choose_from(proposal)
 
 
 def logits_log_proposal(proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""The maths a block runs on the host between forwards, timed side by side: the greedy choice and TABED's evidence.
+
+1. **The greedy choice** over real vocabularies: ``torch.argmax`` (what transformers' greedy search calls) against
+   :func:`~mmspec_cli.decoding.sampling.argmax_ids` (``torch.max``'s indices, the same ids), for 1 row (a draft
+   step's pick) and γ + 1 = 6 rows (a block's verification), at the demo family's vocabulary (1,200), LLaVA-1.5's
+   (32,064) and Qwen2-VL's (152,064), in float32, bfloat16 and float16.
+2. **TABED's evidence** (:func:`~mmspec_cli.drafters.weights.candidate_errors`, KL): the formulation before issue 31's
+   seventh session (``xlogy`` for Σ p log p, a batched matrix product for Σ p log q_w) against today's, on the demo
+   profile's shapes (n = 5 verified positions, 11 grid candidates of 2 members) and on LLaVA-1.5's vocabulary.
+
+Each pair is timed interleaved, call by call, in two conditions: **warm** (the same call repeated) and **cold** (a
+16 MB buffer streamed through the caches before each call, as a model's forward does between a block's host
+steps). It prints medians with the quartiles and the new/old ratio of the medians, and the machine. One thread
+(``--threads``). Exits 0 whatever it measures.
+
+    python benchmarks/bench_host_maths.py [--calls 300] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VOCABULARIES = (("demo", 1200), ("LLaVA-1.5", 32064), ("Qwen2-VL", 152064))
+
+
+def options(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300, help="timed calls of each function per condition")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def side_by_side(old, new, calls: int, cold: bool, flush) -> tuple[list[float], list[float]]:
+    """µs per call of ``old`` and ``new``, alternating which goes first, with ``flush`` before each call when cold."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for k in range(calls + 5):
+        order = ((0, old), (1, new)) if k % 2 == 0 else ((1, new), (0, old))
+        for which, fn in order:
+            if cold:
+                flush()
+            start = time.perf_counter()
+            fn()
+            if k >= 5:  # the first calls warm up allocator and dispatch
+                times[which].append(1e6 * (time.perf_counter() - start))
+    return times
+
+
+def summary(values: list[float]) -> str:
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return f"{median:8.1f} ({q1:.1f}-{q3:.1f})"
+
+
+def old_kl_errors(p, mixed):
+    """The KL errors as written before: Σ p log p by ``xlogy``, Σ p log q_w as one batched matrix product."""
+    import torch
+
+    from mmspec_cli.drafters.weights import KL_FLOOR
+
+    target = p.to(mixed)[:, None, :]
+    entropy = torch.xlogy(target, target).sum(-1)
+    cross = torch.matmul(mixed.clamp_min(KL_FLOOR).log_(), p.to(mixed)[:, :, None]).squeeze(-1)
+    return entropy - cross
+
+
+def main() -> None:
+    args = options()
+    import torch
+
+    from bench_demo_suites import machine
+    from mmspec_cli.decoding.sampling import argmax_ids
+    from mmspec_cli.drafters.weights import candidate_errors, candidate_mixtures, simplex_grid
+
+    torch.set_num_threads(args.threads)
+    buffer = torch.ones(4_000_000)  # 16 MB: more than this machine's caches
+
+    def flush() -> None:
+        buffer.mul_(1.0)
+
+    print(f"machine: {machine()}")
+    print(f"{args.calls} calls per function and condition, interleaved; µs per call, median (quartiles)\n")
+    print("## 1. The greedy choice: torch.argmax against argmax_ids (torch.max's indices)\n")
+    print("| vocabulary | dtype | rows | condition | torch.argmax | argmax_ids | new/old |")
+    print("|---|---|---|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for name, vocab in VOCABULARIES:
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                for rows in (1, 6):
+                    logits = torch.randn(rows, vocab, generator=generator).to(dtype)
+                    assert torch.equal(argmax_ids(logits), logits.argmax(dim=-1))
+                    calls = args.calls if vocab < 100_000 else max(30, args.calls // 5)
+                    for cold in (False, True):
+                        old, new = side_by_side(lambda: logits.argmax(dim=-1).tolist(),
+                                                lambda: argmax_ids(logits).tolist(), calls, cold, flush)
+                        ratio = statistics.median(new) / statistics.median(old)
+                        print(f"| {name} {vocab} | {str(dtype).removeprefix('torch.')} | {rows} | "
+                              f"{'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | {ratio:.2f} |",
+                              flush=True)
+
+        print("\n## 2. TABED's evidence: the KL errors of 11 candidate mixtures at n = 5 positions (float32)\n")
+        print("| vocabulary | condition | before | candidate_errors | new/old |")
+        print("|---|---|---|---|---|")
+        for name, vocab in VOCABULARIES[:2]:
+            q = torch.softmax(torch.randn(5, 2, vocab, generator=generator), dim=-1)
+            p = torch.softmax(torch.randn(5, vocab, generator=generator), dim=-1)
+            mixed = candidate_mixtures(q, simplex_grid(2, 10).to(q))
+            torch.testing.assert_close(candidate_errors(p, mixed, "kl"), old_kl_errors(p, mixed.clone()),
+                                       rtol=1e-5, atol=0)
+            for cold in (False, True):
+                old, new = side_by_side(lambda: old_kl_errors(p, mixed), lambda: candidate_errors(p, mixed, "kl"),
+                                        args.calls, cold, flush)
+                ratio = statistics.median(new) / statistics.median(old)
+                print(f"| {name} {vocab} | {'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | "
+                      f"{ratio:.2f} |", flush=True)
+    print(f"\nmachine at the end: {machine()}")
+
+
+if __name__ == "__main__":
+    main()
