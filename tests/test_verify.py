@@ -260,19 +260,23 @@ def test_the_dynamic_tree_rule_draws_as_before():
 
 
 def test_the_repetition_penalty_is_transformers_own():
-    """``penalize_repeats`` over ``seen_rows`` gives, row by row, what ``RepetitionPenaltyLogitsProcessor`` gives for
-    that row's whole sequence: a chain and a tree (CTRL §4.1)."""
+    """``penalize_repeats`` over the context's ids and ``branch_repeats`` gives, row by row, what
+    ``RepetitionPenaltyLogitsProcessor`` gives for that row's whole sequence: a chain and a tree, whose branches
+    repeat a context token and one of their own (CTRL §4.1); the logits given are left as they were."""
     from transformers import RepetitionPenaltyLogitsProcessor
 
-    from mmspec_cli.decoding.sampling import penalize_repeats, seen_rows
+    from mmspec_cli.decoding.sampling import branch_repeats, penalize_repeats
 
     torch.manual_seed(0)
     vocab, context = 12, [3, 5, 5, 9]
-    for tokens, parents in (([0, 1, 5, 7], [-1, 0, 1, 2]), ([0, 2, 8, 1, 4], [-1, 0, 0, 1, 2])):
+    seen = dict.fromkeys(context)
+    for tokens, parents in (([0, 1, 5, 7], [-1, 0, 1, 2]), ([0, 2, 8, 1, 4], [-1, 0, 0, 1, 2]),
+                            ([9, 1, 1, 3, 6, 1], [-1, 0, 1, 2, 0, 4])):
         logits = torch.randn(len(tokens), vocab, dtype=torch.float64) * 3
-        seen = torch.zeros(vocab, dtype=torch.bool)
-        seen[context] = True
-        ours = penalize_repeats(logits, seen_rows(seen, tokens, parents), 1.7)
+        given = logits.clone()
+        rows, ids = branch_repeats(tokens, parents, seen)
+        ours = penalize_repeats(logits, torch.tensor(list(seen)), rows, ids, 1.7)
+        assert torch.equal(logits, given)
         for row in range(len(tokens)):
             path, node = [], row
             while node > 0:
@@ -281,3 +285,10 @@ def test_the_repetition_penalty_is_transformers_own():
             ids = torch.tensor([context + path])
             theirs = RepetitionPenaltyLogitsProcessor(1.7)(ids, logits[row:row + 1].clone())
             assert torch.equal(ours[row], theirs[0])
+
+
+def test_a_branch_adds_each_repeated_token_once_and_none_of_the_context():
+    from mmspec_cli.decoding.sampling import branch_repeats
+
+    rows, ids = branch_repeats([0, 4, 4, 2, 4], [-1, 0, 1, 2, 0], {2, 7})
+    assert list(zip(rows, ids)) == [(1, 4), (2, 4), (3, 4), (4, 4)]  # 2 is the context's; 4 counted once a row

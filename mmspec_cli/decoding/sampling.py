@@ -9,6 +9,7 @@ from an explicit ``torch.Generator``.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +33,20 @@ def working_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
+#: Below this many logits ``torch.argmax`` is the quicker (see :func:`argmax_ids`).
+ARGMAX_MAX_INDICES_FROM = 16384
+
+
 def argmax_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax over the last axis, (...,) ids: on a tie the first maximum, as ``torch.argmax`` and transformers'
-    greedy search pick it (and a NaN counts as the maximum in both). Computed as ``torch.max``'s indices, which this
-    CPU build reduces vectorised: 2.5-6x faster than ``torch.argmax`` over a real vocabulary (6 rows of 152,064
-    bfloat16 logits: 0.61 ms against 2.87 ms; docs/BENCHMARKS.md). Inside a compiled graph inductor writes its own
-    reduction, so graphs keep ``argmax``."""
+    greedy search pick it (and a NaN counts as the maximum in both). From :data:`ARGMAX_MAX_INDICES_FROM` logits on,
+    computed as ``torch.max``'s indices, which this CPU build reduces vectorised: 2.5-4.5x faster than
+    ``torch.argmax`` over a real vocabulary (6 rows of 152,064 bfloat16 logits: 0.62 ms against 2.93 ms); below it,
+    where the demo family's logits lie, the values tensor ``torch.max`` also allocates costs about what the vectorised
+    loop saves, or more (one row of 1,200 after a forward: 19 µs against 15; ``benchmarks/bench_host_maths.py``,
+    docs/BENCHMARKS.md). Inside a compiled graph inductor writes its own reduction, so graphs keep ``argmax``."""
+    if logits.numel() < ARGMAX_MAX_INDICES_FROM:
+        return logits.argmax(dim=-1)
     return logits.max(dim=-1).indices
 
 
@@ -64,24 +73,44 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+def penalize_repeats(logits: torch.Tensor, context: torch.Tensor, rows: Sequence[int], ids: Sequence[int],
+                     penalty: float) -> torch.Tensor:
     """The repetition penalty of CTRL (Keskar et al. 2019, §4.1), as transformers' ``RepetitionPenaltyLogitsProcessor``
     applies it before any other transform: the logit of a token the sequence already holds is divided by ``penalty``
-    when positive and multiplied by it when negative. logits (n, V); seen (n, V) bool, the tokens each row's
-    sequence holds. Greedy and sampled choices both read the penalised logits."""
-    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
-    return torch.where(seen, penalized, logits)
+    when positive and multiplied by it when negative. Greedy and sampled choices both read the penalised logits.
+
+    ``logits`` (n, V), the rows of a chain or a tree; ``context`` (U,) the distinct ids the verified sequence holds,
+    which every row holds; ``rows``, ``ids`` the (row, id) pairs a row's branch adds beyond them, each once
+    (:func:`branch_repeats`). Returns a copy in float32 at least (:func:`working_dtype`), as ``generate`` casts logits
+    before its processors: a bfloat16 quotient ties where it would not. Only the penalised entries are read and
+    written: O(n·U) instead of O(n·V), what makes the penalty cheap over a real vocabulary (a Qwen2.5-VL target's
+    152,064 logits a row)."""
+    out = logits.to(working_dtype(logits), copy=True)
+    if len(context):
+        held = out[:, context]  # (n, U)
+        out[:, context] = torch.where(held < 0, held * penalty, held / penalty)
+    if len(rows):
+        at = (torch.tensor(rows, device=out.device), torch.tensor(ids, device=out.device))
+        held = out[at]
+        out[at] = torch.where(held < 0, held * penalty, held / penalty)
+    return out
 
 
-def seen_rows(context: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
-    """(n, V) bool: the tokens the sequence of each of ``n`` rows holds. Row 0 holds ``context`` (V,) bool, the
-    verified sequence; row i holds its parent's and its own token (``parents[i]`` < i; a chain: i − 1). Row i's
-    logits predict what follows it, so its own token counts."""
-    rows = context.unsqueeze(0).repeat(len(tokens), 1)  # (n, V)
+def branch_repeats(tokens: Sequence[int], parents: Sequence[int], context: Container[int]) -> tuple[list[int], list[int]]:
+    """The (row, id) pairs the tokens of each row's branch add to the ``context`` every row holds: row 0 holds the
+    context alone (the verified sequence); row i holds its parent's and its own token (``parents[i]`` < i; a chain:
+    i − 1). Row i's logits predict what follows it, so its own token counts. Each pair once, none of the context."""
+    rows: list[int] = []
+    ids: list[int] = []
+    added: list[tuple[int, ...]] = [()]  # per row: the ids its branch adds
     for i in range(1, len(tokens)):
-        rows[i] = rows[parents[i]]
-        rows[i, tokens[i]] = True
-    return rows
+        parent = added[parents[i]]
+        token = tokens[i]
+        mine = parent if token in context or token in parent else (*parent, token)
+        added.append(mine)
+        rows += [i] * len(mine)
+        ids += mine
+    return rows, ids
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

@@ -26,7 +26,7 @@ from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape,
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
-from mmspec_cli.decoding.sampling import TokenPicker, penalize_repeats, seen_rows, working_dtype
+from mmspec_cli.decoding.sampling import TokenPicker, branch_repeats, penalize_repeats
 from mmspec_cli.decoding.timing import Laps
 from mmspec_cli.decoding.tree import TreeSettings, rooted, rooted_parents, rooted_values, split_rooted, unrooted
 from mmspec_cli.decoding.verify import (Verdict, verify_any_tree_greedy, verify_any_tree_sampling, verify_greedy,
@@ -57,7 +57,8 @@ class BlockStep:
         self.drafts_trees = settings.drafts_tree and drafter.traits.drafts
         self.prompt_fed = False  # whether this turn's prompt is in the target's state (after the turn's first block)
         self.repetition_penalty = repetition_penalty  # the target's generation_config's (1.0: none)
-        self.seen: torch.Tensor | None = None  # (V,) bool: the tokens the verified sequence holds (a penalty's)
+        self.seen: dict[int, None] | None = None  # the distinct ids the verified sequence holds (a penalty's), in order
+        self.seen_ids: torch.Tensor | None = None  # ``seen`` as a (U,) tensor on the logits' device
         self.seen_generated = 0  # how many of the turn's generated tokens ``seen`` holds
 
     def begin_turn(self) -> None:
@@ -162,22 +163,24 @@ class BlockStep:
     def _penalized(self, logits: torch.Tensor, prompt: ModelPrompt, generated: list[int], tokens: list[int],
                    parents: list[int]) -> torch.Tensor:
         """The target's logits of the rows [root, nodes...] (a chain: each row's parent is the one before) under the
-        repetition penalty, as ``generate`` applies it; unchanged when there is none. The verified sequence's tokens
-        are gathered once a turn, then only the new ones."""
+        repetition penalty, as ``generate`` applies it; unchanged when there is none. The verified sequence's distinct
+        ids are gathered once a turn, then only the new ones."""
         if self.repetition_penalty == 1.0:
             return logits
         vocab = logits.shape[-1]
-        if self.seen is None:
-            self.seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
-            ids = torch.tensor(prompt.ids, device=logits.device)
-            self.seen[ids[ids < vocab]] = True  # an id past the LM head's rows (an image placeholder) has no logit
-            self.seen_generated = 0
+        if self.seen is None:  # an id past the LM head's rows (an image placeholder) has no logit
+            self.seen = dict.fromkeys(token for token in prompt.ids if token < vocab)
+            self.seen_ids, self.seen_generated = None, 0
         if len(generated) > self.seen_generated:
-            self.seen[torch.tensor(generated[self.seen_generated:], device=logits.device)] = True
+            size = len(self.seen)
+            self.seen.update(dict.fromkeys(generated[self.seen_generated:]))
             self.seen_generated = len(generated)
-        # in float32 at least, as generate casts logits before its processors: a bfloat16 quotient ties where it would not
-        logits = logits.to(working_dtype(logits))
-        return penalize_repeats(logits, seen_rows(self.seen, tokens, parents), self.repetition_penalty)
+            if len(self.seen) > size:
+                self.seen_ids = None
+        if self.seen_ids is None:
+            self.seen_ids = torch.tensor(list(self.seen), dtype=torch.long, device=logits.device)
+        rows, ids = branch_repeats(tokens, parents, self.seen)
+        return penalize_repeats(logits, self.seen_ids, rows, ids, self.repetition_penalty)
 
     def _follow_width(self, tree: TreeDraft, logits: torch.Tensor, picker: TokenPicker):
         """A width tree: the branch rules of TABED §6.1 (greedy) and recursive rejection sampling."""
