@@ -12,7 +12,9 @@ demo family (1,200 logits a row), with the same clock: a block's wall time minus
 Profile ``qwen25-vl-7b`` (its γ = 5), greedy, drafters ``ar, m, tabed``, two text-only questions of 48 new tokens
 each, every turn's first block (the prefill) left out; each tree in its own process (``PYTHONPATH``), one thread,
 the trees alternating round by round (``--rounds``), the drafters interleaved inside a process. Each tree's tokens
-are compared with the other's (they must be the same). Medians with the quartiles; the ratios are after/before of
+are compared with the other's: greedy, they must be the same. ``--sampling`` samples at temperature 1 with top-p 0.9
+(seed 1); there the trees draw the same tokens only where their distributions agree (a tree from before issue 31's
+seventh session split tokens tied at the nucleus's edge). Medians with the quartiles; the ratios are after/before of
 the medians. Exits 0 whatever it measures.
 
     git worktree add /tmp/before <commit>   # or: mkdir /tmp/before && git archive <commit> | tar -x -C /tmp/before
@@ -44,6 +46,8 @@ def options(argv: list[str] | None = None):
     parser.add_argument("--before", type=Path, help="the earlier tree (a worktree or an extracted commit)")
     parser.add_argument("--after", type=Path, default=REPO, help="the later tree (default: this repository)")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--sampling", action="store_true",
+                        help="sample at temperature 1 with top-p 0.9 (seed 1) instead of greedy decoding")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -67,7 +71,8 @@ def worker(job_path: Path) -> None:
 
     if not Path(mmspec_cli.__file__).resolve().is_relative_to(Path(job["tree"]).resolve()):
         raise SystemExit(f"mmspec_cli was imported from {mmspec_cli.__file__}, not from {job['tree']}")
-    profile = apply_overrides(load_profile("qwen25-vl-7b"), max_new_tokens=NEW_TOKENS)
+    sampling = {"temperature": 1.0, "top_p": 0.9, "seed": 1} if job["sampling"] else {}
+    profile = apply_overrides(load_profile("qwen25-vl-7b"), max_new_tokens=NEW_TOKENS, **sampling)
     models = ModelSet.load(profile, list(DRAFTERS), threads=1)
     decoders = {name: models.decoder(name) for name in DRAFTERS}
     found = {name: {"engine_us": [], "wall_s": 0.0, "tokens": 0, "outputs": []} for name in DRAFTERS}
@@ -93,10 +98,10 @@ def worker(job_path: Path) -> None:
     Path(job["out"]).write_text(json.dumps(found))
 
 
-def run_tree(tree: Path, cache: Path, scratch: Path) -> dict:
+def run_tree(tree: Path, cache: Path, scratch: Path, sampling: bool) -> dict:
     job = scratch / f"job-{time.monotonic_ns()}.json"
     out = job.with_suffix(".out.json")
-    job.write_text(json.dumps({"tree": str(tree), "out": str(out)}))
+    job.write_text(json.dumps({"tree": str(tree), "out": str(out), "sampling": sampling}))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MMSPEC_DEBUG")}
     env.update(PYTHONPATH=str(tree), MMSPEC_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
@@ -132,12 +137,13 @@ def main() -> None:
     build_hub_cache(cache, CHECKPOINTS)
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     print(f"machine: {machine()}; each worker one thread")
-    print(f"before: {sides['before']}; after: {sides['after']}; {args.rounds} rounds, the trees alternating")
+    print(f"before: {sides['before']}; after: {sides['after']}; {args.rounds} rounds, the trees alternating; "
+          + ("sampling at temperature 1, top-p 0.9, seed 1" if args.sampling else "greedy"))
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(args.rounds):
         for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
             started = time.perf_counter()
-            runs[side].append(run_tree(sides[side], cache, scratch))
+            runs[side].append(run_tree(sides[side], cache, scratch, args.sampling))
             print(f"  round {r + 1}, {side}: {time.perf_counter() - started:.0f} s", flush=True)
     print("\n| drafter | engine µs/block, before | after | after/before | ms/token, before | after | after/before |"
           " same tokens |")

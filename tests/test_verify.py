@@ -187,6 +187,38 @@ def test_top_k_and_top_p_shape_the_distribution():
     assert torch.allclose(hot, torch.softmax(logits / 2, -1))
 
 
+
+@pytest.mark.parametrize("vocab", [6, 300, 5000])
+def test_the_nucleus_keeps_what_its_definition_keeps_with_ties_and_beyond_the_first_look(vocab):
+    """A token stays when its strictly likelier tokens hold less than top_p (brute force over every token), tied tokens
+    together: peaked rows, whose nucleus lies inside the first look, and flat ones over 5,000 ids, whose nucleus
+    reaches past it (the whole-row sort); rows of many ties (rounded logits) included. Where no tie sits at the edge
+    the result is the sort-based rule's, value for value."""
+    from mmspec_cli.decoding.sampling import NUCLEUS_LOOK
+
+    generator = torch.Generator().manual_seed(vocab)
+    reached_past = False
+    for trial in range(12):
+        logits = torch.randn(3, vocab, generator=generator, dtype=torch.float64) * (0.3, 1.0, 6.0)[trial % 3]
+        if trial % 2:
+            logits = logits.round()
+        for top_p in (0.05, 0.5, 0.9):
+            probs = torch.softmax(logits, dim=-1)
+            got = probabilities(logits, SamplingParams(temperature=1.0, top_p=top_p))
+            for row in range(3):
+                p = probs[row]
+                sorted_p = p.sort(descending=True).values
+                above = torch.cumsum(sorted_p, 0) - sorted_p
+                floor = sorted_p[above < top_p].min() if trial % 2 else None
+                keep = torch.tensor([float(p[p > v].sum()) < top_p for v in p.tolist()]) if vocab <= 300 else (
+                    p >= sorted_p[int((above < top_p).sum()) - 1])  # 5,000 ids: the sorted prefix, no ties there
+                assert torch.equal(got[row] > 0, keep), (trial, top_p, row)
+                reached_past |= int(keep.sum()) > NUCLEUS_LOOK
+                if floor is None:  # no ties: exactly the sort-based rule's values
+                    expected = torch.where(keep, p, torch.zeros_like(p))
+                    assert torch.equal(got[row], expected / expected.sum())
+    assert reached_past == (vocab > NUCLEUS_LOOK)  # the whole-row sort was reached where a nucleus can pass the look
+
 # --------------------------------------------------------------------------- recorded draws of the sampling rules
 # The sampling rules draw what they drew before they were written for N blocks at once. ``decoding/verify.py`` runs
 # each one-block rule as its batched form with one row. The outputs below were recorded from the one-block rules as
