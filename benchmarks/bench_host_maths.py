@@ -7,6 +7,12 @@
 2. **TABED's evidence** (:func:`~mmspec_cli.drafters.weights.candidate_errors`, KL): the formulation before issue 31's
    seventh session (``xlogy`` for Σ p log p, a batched matrix product for Σ p log q_w) against today's, on the demo
    profile's shapes (n = 5 verified positions, 11 grid candidates of 2 members) and on LLaVA-1.5's vocabulary.
+3. **The repetition penalty** over a block's 6 rows (a Qwen2.5-VL target's 1.05): before, an (n, V) mask of the
+   tokens each row holds and the penalty computed over every logit; now
+   :func:`~mmspec_cli.decoding.sampling.penalize_repeats` at the ids the rows hold (600 distinct ids in the context).
+4. **The top-p nucleus** (0.9): before, a sort of each whole row; now
+   :func:`~mmspec_cli.decoding.sampling.probabilities` reading the likeliest 256 first (:func:`nucleus_floor`), on
+   a peaked row (logits of standard deviation 8: a nucleus of a few tokens) and a flat one (3: thousands).
 
 Each pair is timed interleaved, call by call, in two conditions: **warm** (the same call repeated) and **cold** (a
 16 MB buffer streamed through the caches before each call, as a model's forward does between a block's host
@@ -68,12 +74,38 @@ def old_kl_errors(p, mixed):
     return entropy - cross
 
 
+def old_penalized(logits, context_ids, tokens, parents, penalty):
+    """The repetition penalty as written before: an (n, V) mask of the tokens each row holds, every logit penalised."""
+    import torch
+
+    seen = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    seen[context_ids] = True
+    rows = seen.unsqueeze(0).repeat(len(tokens), 1)
+    for i in range(1, len(tokens)):
+        rows[i] = rows[parents[i]]
+        rows[i, tokens[i]] = True
+    logits = logits.float()
+    return torch.where(rows, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def old_top_p(logits, top_p):
+    """softmax, then the top-p nucleus as written before: a sort of each whole row."""
+    import torch
+
+    probs = torch.softmax(logits.float(), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    drop = torch.zeros_like(mass_before >= top_p).scatter(-1, order, mass_before >= top_p)
+    probs = probs.masked_fill(drop, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
 def main() -> None:
     args = options()
     import torch
 
     from bench_demo_suites import machine
-    from mmspec_cli.decoding.sampling import argmax_ids
+    from mmspec_cli.decoding.sampling import SamplingParams, argmax_ids, branch_repeats, penalize_repeats, probabilities
     from mmspec_cli.drafters.weights import candidate_errors, candidate_mixtures, simplex_grid
 
     torch.set_num_threads(args.threads)
@@ -118,6 +150,42 @@ def main() -> None:
                 ratio = statistics.median(new) / statistics.median(old)
                 print(f"| {name} {vocab} | {'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | "
                       f"{ratio:.2f} |", flush=True)
+        print("\n## 3. The repetition penalty over 6 rows (a chain of 5 drafts), 600 context ids\n")
+        print("| vocabulary | dtype | condition | an (n, V) mask | penalize_repeats | new/old |")
+        print("|---|---|---|---|---|---|")
+        for name, vocab in VOCABULARIES:
+            logits = torch.randn(6, vocab, generator=generator).to(torch.bfloat16)
+            context = torch.randperm(vocab, generator=generator)[:600]
+            tokens, parents = [0, 11, 12, 13, 14, 15], [-1, 0, 1, 2, 3, 4]
+            seen = dict.fromkeys(context.tolist())
+
+            def now():
+                rows, ids = branch_repeats(tokens, parents, seen)
+                return penalize_repeats(logits, context, rows, ids, 1.05)
+
+            assert torch.equal(now(), old_penalized(logits, context, tokens, parents, 1.05))
+            for cold in (False, True):
+                old, new = side_by_side(lambda: old_penalized(logits, context, tokens, parents, 1.05), now,
+                                        max(30, args.calls // 5), cold, flush)
+                ratio = statistics.median(new) / statistics.median(old)
+                print(f"| {name} {vocab} | bfloat16 | {'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | "
+                      f"{ratio:.2f} |", flush=True)
+
+        print("\n## 4. The top-p nucleus (0.9), float32 logits\n")
+        print("| vocabulary | rows | logits | nucleus (tokens, first row) | a sort of each row | probabilities | new/old |")
+        print("|---|---|---|---|---|---|---|")
+        params = SamplingParams(temperature=1.0, top_p=0.9)
+        for name, vocab in VOCABULARIES[1:]:
+            for spread, label in ((8.0, "peaked"), (3.0, "flat")):
+                for rows in (1, 6):
+                    logits = torch.randn(rows, vocab, generator=generator) * spread
+                    torch.testing.assert_close(probabilities(logits, params), old_top_p(logits, 0.9), rtol=0, atol=0)
+                    size = int((probabilities(logits[:1], params) > 0).sum())
+                    old, new = side_by_side(lambda: old_top_p(logits, 0.9), lambda: probabilities(logits, params),
+                                            max(10, args.calls // 20), False, flush)
+                    ratio = statistics.median(new) / statistics.median(old)
+                    print(f"| {name} {vocab} | {rows} | {label} | {size} | {summary(old)} | {summary(new)} | "
+                          f"{ratio:.2f} |", flush=True)
     print(f"\nmachine at the end: {machine()}")
 
 

@@ -82,8 +82,9 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
     It reads the rows' likeliest :data:`NUCLEUS_LOOK` probabilities in order (``topk``), and sorts the whole rows
     only when a row's nucleus may reach past them: a trained model's nucleus is mostly far smaller than a real
-    vocabulary of 150,000, whose sort takes about 28x that look (6 rows of 152,064 on this CPU: 53 ms against 1.9;
-    a wider nucleus pays the look on top of the sort; docs/BENCHMARKS.md)."""
+    vocabulary of 150,000, whose sort takes about 25x that look. On this CPU, ``probabilities`` of a peaked row of
+    152,064 takes 0.8 ms against 9.4 with a sort; a flat row (a nucleus of thousands) 5-10% more than with the sort
+    alone (``benchmarks/bench_host_maths.py``, docs/BENCHMARKS.md)."""
     vocab = probs.shape[-1]
     for look in (min(NUCLEUS_LOOK, vocab), vocab):
         if look < vocab:
@@ -91,13 +92,11 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         else:
             values = torch.sort(probs, dim=-1, descending=True).values
         before = torch.cumsum(values, dim=-1) - values  # the mass of the entries before each
-        starts = torch.ones_like(values, dtype=torch.bool)  # where a run of equal values begins
-        starts[..., 1:] = values[..., 1:] != values[..., :-1]
-        # the mass strictly above each value: what lies before its run's first entry (``before`` never decreases)
-        above = torch.where(starts, before, torch.zeros_like(before)).cummax(dim=-1).values
-        kept = above < top_p  # a prefix of each row
-        if look == vocab or not bool(kept[..., -1].any()):
-            return values.gather(-1, kept.sum(dim=-1, keepdim=True) - 1)  # >= 1 kept: nothing is above the likeliest
+        # the entries with less than top_p before them: the likeliest always, and the nucleus's edge is the last; a
+        # token tied with it has no more mass strictly above it, and every less likely one has at least top_p
+        count = (before < top_p).sum(dim=-1, keepdim=True).clamp_min(1)  # 1 also for a row of NaNs (no nucleus)
+        if look == vocab or bool((count < look).all()):  # the edge lies inside what was read
+            return values.gather(-1, count - 1)
     raise AssertionError("unreachable: the last look is the whole row")
 
 
