@@ -219,6 +219,22 @@ def test_the_nucleus_keeps_what_its_definition_keeps_with_ties_and_beyond_the_fi
                     assert torch.equal(got[row], expected / expected.sum())
     assert reached_past == (vocab > NUCLEUS_LOOK)  # the whole-row sort was reached where a nucleus can pass the look
 
+
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_rows_without_a_nucleus_leave_the_other_rows_as_they_are(top_k):
+    """A row of NaN probabilities (a NaN logit, a +inf one, or every logit -inf) has no nucleus: it comes back NaN, as
+    softmax gives it, without an error, and the rows beside it are shaped as they are alone."""
+    generator = torch.Generator().manual_seed(5)
+    for vocab in (40, 1000):  # inside the first look, and past it
+        logits = torch.randn(4, vocab, generator=generator, dtype=torch.float64) * 0.2
+        logits[1, 7] = float("nan")
+        logits[2, 3] = float("inf")
+        logits[3] = float("-inf")
+        params = SamplingParams(temperature=1.0, top_k=top_k, top_p=0.9)
+        got = probabilities(logits, params)
+        assert torch.equal(got[0], probabilities(logits[:1], params)[0])
+        assert got[1:].isnan().all()
+
 # --------------------------------------------------------------------------- recorded draws of the sampling rules
 # The sampling rules draw what they drew before they were written for N blocks at once. ``decoding/verify.py`` runs
 # each one-block rule as its batched form with one row. The outputs below were recorded from the one-block rules as

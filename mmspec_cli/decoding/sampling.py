@@ -39,7 +39,8 @@ ARGMAX_MAX_INDICES_FROM = 16384
 
 def argmax_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax over the last axis, (...,) ids: on a tie the first maximum, as ``torch.argmax`` and transformers'
-    greedy search pick it (and a NaN counts as the maximum in both). From :data:`ARGMAX_MAX_INDICES_FROM` logits on,
+    greedy search pick it (and a NaN counts as the maximum in both). From :data:`ARGMAX_MAX_INDICES_FROM` logits on
+    (in all the rows together),
     computed as ``torch.max``'s indices, which this CPU build reduces vectorised: 2.5-4.5x faster than
     ``torch.argmax`` over a real vocabulary (6 rows of 152,064 bfloat16 logits: 0.62 ms against 2.93 ms); below it,
     where the demo family's logits lie, the values tensor ``torch.max`` also allocates costs about what the vectorised
@@ -85,19 +86,21 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     vocabulary of 150,000, whose sort takes about 25x that look. On this CPU, ``probabilities`` of a peaked row of
     152,064 takes 0.8 ms against 9.4 with a sort; a flat row (a nucleus of thousands) 5-10% more than with the sort
     alone (``benchmarks/bench_host_maths.py``, docs/BENCHMARKS.md)."""
-    vocab = probs.shape[-1]
-    for look in (min(NUCLEUS_LOOK, vocab), vocab):
-        if look < vocab:
-            values = torch.topk(probs, look, dim=-1).values  # (..., look), descending
-        else:
-            values = torch.sort(probs, dim=-1, descending=True).values
-        before = torch.cumsum(values, dim=-1) - values  # the mass of the entries before each
-        # the entries with less than top_p before them: the likeliest always, and the nucleus's edge is the last; a
-        # token tied with it has no more mass strictly above it, and every less likely one has at least top_p
-        count = (before < top_p).sum(dim=-1, keepdim=True).clamp_min(1)  # 1 also for a row of NaNs (no nucleus)
-        if look == vocab or bool((count < look).all()):  # the edge lies inside what was read
-            return values.gather(-1, count - 1)
-    raise AssertionError("unreachable: the last look is the whole row")
+    floor, inside = _nucleus_edge(torch.topk(probs, min(NUCLEUS_LOOK, probs.shape[-1]), dim=-1).values, top_p)
+    if bool(inside.all()):
+        return floor
+    # a row whose nucleus may reach past the look: from its whole row, sorted; each row's floor is its own either way
+    return torch.where(inside, floor, _nucleus_edge(torch.sort(probs, dim=-1, descending=True).values, top_p)[0])
+
+
+def _nucleus_edge(values: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """From each row's likeliest probabilities in order (..., L): the nucleus's smallest kept probability (..., 1),
+    and whether the nucleus's edge lies among them (..., 1)."""
+    before = torch.cumsum(values, dim=-1) - values  # the mass of the entries before each
+    # the entries with less than top_p before them: the likeliest always, and the nucleus's edge is the last; a token
+    # tied with it has no more mass strictly above it, and every less likely one has at least top_p
+    count = (before < top_p).sum(dim=-1, keepdim=True).clamp_min(1)  # 1 also for a row of NaNs (no nucleus)
+    return values.gather(-1, count - 1), count < values.shape[-1]
 
 
 def penalize_repeats(logits: torch.Tensor, context: torch.Tensor, rows: Sequence[int], ids: Sequence[int],
