@@ -57,6 +57,13 @@ def side_by_side(old, new, calls: int, cold: bool, flush) -> tuple[list[float], 
     return times
 
 
+def print_row(cells: str, old, new, calls: int, cold: bool, flush) -> None:
+    """One table row: ``cells``, then ``old`` and ``new`` timed side by side (:func:`side_by_side`) and their ratio."""
+    old_us, new_us = side_by_side(old, new, calls, cold, flush)
+    ratio = statistics.median(new_us) / statistics.median(old_us)
+    print(f"| {cells} | {summary(old_us)} | {summary(new_us)} | {ratio:.2f} |", flush=True)
+
+
 def summary(values: list[float]) -> str:
     q1, median, q3 = statistics.quantiles(values, n=4)
     return f"{median:8.1f} ({q1:.1f}-{q3:.1f})"
@@ -128,12 +135,9 @@ def main() -> None:
                     assert torch.equal(argmax_ids(logits), logits.argmax(dim=-1))
                     calls = args.calls if vocab < 100_000 else max(30, args.calls // 5)
                     for cold in (False, True):
-                        old, new = side_by_side(lambda: logits.argmax(dim=-1).tolist(),
-                                                lambda: argmax_ids(logits).tolist(), calls, cold, flush)
-                        ratio = statistics.median(new) / statistics.median(old)
-                        print(f"| {name} {vocab} | {str(dtype).removeprefix('torch.')} | {rows} | "
-                              f"{'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | {ratio:.2f} |",
-                              flush=True)
+                        print_row(f"{name} {vocab} | {str(dtype).removeprefix('torch.')} | {rows} | "
+                                  f"{'cold' if cold else 'warm'}", lambda: logits.argmax(dim=-1).tolist(),
+                                  lambda: argmax_ids(logits).tolist(), calls, cold, flush)
 
         print("\n## 2. TABED's evidence: the KL errors of 11 candidate mixtures at n = 5 positions (float32)\n")
         print("| vocabulary | condition | before | candidate_errors | new/old |")
@@ -145,11 +149,8 @@ def main() -> None:
             torch.testing.assert_close(candidate_errors(p, mixed, "kl"), old_kl_errors(p, mixed.clone()),
                                        rtol=1e-5, atol=0)
             for cold in (False, True):
-                old, new = side_by_side(lambda: old_kl_errors(p, mixed), lambda: candidate_errors(p, mixed, "kl"),
-                                        args.calls, cold, flush)
-                ratio = statistics.median(new) / statistics.median(old)
-                print(f"| {name} {vocab} | {'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | "
-                      f"{ratio:.2f} |", flush=True)
+                print_row(f"{name} {vocab} | {'cold' if cold else 'warm'}", lambda: old_kl_errors(p, mixed),
+                          lambda: candidate_errors(p, mixed, "kl"), args.calls, cold, flush)
         print("\n## 3. The repetition penalty over 6 rows (a chain of 5 drafts), 600 context ids\n")
         print("| vocabulary | dtype | condition | an (n, V) mask | penalize_repeats | new/old |")
         print("|---|---|---|---|---|---|")
@@ -165,11 +166,9 @@ def main() -> None:
 
             assert torch.equal(now(), old_penalized(logits, context, tokens, parents, 1.05))
             for cold in (False, True):
-                old, new = side_by_side(lambda: old_penalized(logits, context, tokens, parents, 1.05), now,
-                                        max(30, args.calls // 5), cold, flush)
-                ratio = statistics.median(new) / statistics.median(old)
-                print(f"| {name} {vocab} | bfloat16 | {'cold' if cold else 'warm'} | {summary(old)} | {summary(new)} | "
-                      f"{ratio:.2f} |", flush=True)
+                print_row(f"{name} {vocab} | bfloat16 | {'cold' if cold else 'warm'}",
+                          lambda: old_penalized(logits, context, tokens, parents, 1.05), now, max(30, args.calls // 5),
+                          cold, flush)
 
         print("\n## 4. The top-p nucleus (0.9), float32 logits\n")
         print("| vocabulary | rows | logits | nucleus (tokens, first row) | a sort of each row | probabilities | new/old |")
@@ -181,11 +180,8 @@ def main() -> None:
                     logits = torch.randn(rows, vocab, generator=generator) * spread
                     torch.testing.assert_close(probabilities(logits, params), old_top_p(logits, 0.9), rtol=0, atol=0)
                     size = int((probabilities(logits[:1], params) > 0).sum())
-                    old, new = side_by_side(lambda: old_top_p(logits, 0.9), lambda: probabilities(logits, params),
-                                            max(10, args.calls // 20), False, flush)
-                    ratio = statistics.median(new) / statistics.median(old)
-                    print(f"| {name} {vocab} | {rows} | {label} | {size} | {summary(old)} | {summary(new)} | "
-                          f"{ratio:.2f} |", flush=True)
+                    print_row(f"{name} {vocab} | {rows} | {label} | {size}", lambda: old_top_p(logits, 0.9),
+                              lambda: probabilities(logits, params), max(10, args.calls // 20), False, flush)
     print(f"\nmachine at the end: {machine()}")
 
 
