@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -102,9 +101,9 @@ def run_tree(tree: Path, cache: Path, scratch: Path, sampling: bool) -> dict:
     job = scratch / f"job-{time.monotonic_ns()}.json"
     out = job.with_suffix(".out.json")
     job.write_text(json.dumps({"tree": str(tree), "out": str(out), "sampling": sampling}))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MMSPEC_DEBUG")}
-    env.update(PYTHONPATH=str(tree), MMSPEC_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    from bench_engine_block import worker_env  # the tree first on PYTHONPATH, the machine's after it; one thread
+
+    env = worker_env(tree, {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     done = subprocess.run([sys.executable, str(HERE), "--worker", str(job)], env=env, cwd=scratch,
                           capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
