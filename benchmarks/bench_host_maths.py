@@ -171,7 +171,8 @@ def main() -> None:
                           cold, flush)
 
         print("\n## 4. The top-p nucleus (0.9), float32 logits\n")
-        print("| vocabulary | rows | logits | nucleus (tokens, first row) | a sort of each row | probabilities | new/old |")
+        print("| vocabulary | rows | logits | nucleus (tokens, first row) | a sort of each row | probabilities "
+              "| new/old |")
         print("|---|---|---|---|---|---|---|")
         params = SamplingParams(temperature=1.0, top_p=0.9)
         for name, vocab in VOCABULARIES[1:]:

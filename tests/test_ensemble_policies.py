@@ -98,8 +98,9 @@ def test_tvd_and_kl_rank_a_constructed_case_differently():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kl_errors_are_the_definition_for_every_candidate_and_position(dtype):
-    """e[t, j] = Σ_v p_tv log p_tv − Σ_v p_tv log max(q_{w_j,tv}, floor), written out in float64 with ``xlogy`` (0 log 0
-    = 0), for a target with zero probabilities: one error per (position, candidate), the mixtures left as given."""
+    """e[t, j] = Σ_v p_tv log p_tv − Σ_v p_tv log max(q_{w_j,tv}, floor), written out in float64 with ``xlogy``
+    (0 log 0 = 0), for a target with zero probabilities: one error per (position, candidate), the mixtures left as
+    given."""
     generator = torch.Generator().manual_seed(3)
     n, members, vocab = 4, 3, 301
     q = torch.softmax(4 * torch.randn(n, members, vocab, generator=generator, dtype=dtype), dim=-1)

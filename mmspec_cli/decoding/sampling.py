@@ -40,12 +40,12 @@ ARGMAX_MAX_INDICES_FROM = 16384
 def argmax_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax over the last axis, (...,) ids: on a tie the first maximum, as ``torch.argmax`` and transformers'
     greedy search pick it (and a NaN counts as the maximum in both). From :data:`ARGMAX_MAX_INDICES_FROM` logits on
-    (in all the rows together),
-    computed as ``torch.max``'s indices, which this CPU build reduces vectorised: 2.5-4.8x faster than
-    ``torch.argmax`` over a real vocabulary (6 rows of 152,064 bfloat16 logits: 0.62 ms against 2.93 ms); below it,
-    where the demo family's logits lie, the values tensor ``torch.max`` also allocates costs about what the vectorised
-    loop saves, or more (one row of 1,200 after a forward: 19 µs against 15; ``benchmarks/bench_host_maths.py``,
-    docs/BENCHMARKS.md). Inside a compiled graph inductor writes its own reduction, so graphs keep ``argmax``."""
+    (all rows together), computed as ``torch.max``'s indices, which this CPU build reduces vectorised: 2.5-4.8x
+    faster than ``torch.argmax`` over a real vocabulary (6 rows of 152,064 bfloat16 logits: 0.62 ms against 2.93).
+    Below it, where the demo family's logits lie, the values tensor ``torch.max`` also allocates costs about what
+    the vectorised loop saves, or more (one row of 1,200 after a forward: 19 µs against 15;
+    ``benchmarks/bench_host_maths.py``, docs/BENCHMARKS.md). Inside a compiled graph inductor writes its own
+    reduction, so graphs keep ``argmax``."""
     if logits.numel() < ARGMAX_MAX_INDICES_FROM:
         return logits.argmax(dim=-1)
     return logits.max(dim=-1).indices
@@ -126,7 +126,8 @@ def penalize_repeats(logits: torch.Tensor, context: torch.Tensor, rows: Sequence
     return out
 
 
-def branch_repeats(tokens: Sequence[int], parents: Sequence[int], context: Container[int]) -> tuple[list[int], list[int]]:
+def branch_repeats(tokens: Sequence[int], parents: Sequence[int],
+                   context: Container[int]) -> tuple[list[int], list[int]]:
     """The (row, id) pairs the tokens of each row's branch add to the ``context`` every row holds: row 0 holds the
     context alone (the verified sequence); row i holds its parent's and its own token (``parents[i]`` < i; a chain:
     i − 1). Row i's logits predict what follows it, so its own token counts. Each pair once, none of the context."""
