@@ -116,8 +116,8 @@ def test_kl_errors_are_the_definition_for_every_candidate_and_position(dtype):
     assert errors.shape == (n, len(candidates))
     torch.testing.assert_close(errors.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
     assert torch.equal(mixed, given)  # the caller's mixtures are not written
-    torch.testing.assert_close(entropy_term(p), torch.xlogy(p, p).sum(-1, keepdim=True), rtol=1e-6, atol=0)  # xlogy's,
-    # up to an ulp of the log
+    # Σ p log p is xlogy's, up to an ulp of the log
+    torch.testing.assert_close(entropy_term(p), torch.xlogy(p, p).sum(-1, keepdim=True), rtol=1e-6, atol=0)
 
 
 def test_adaboost_equation_2_gives_the_expected_numbers():

@@ -187,7 +187,6 @@ def test_top_k_and_top_p_shape_the_distribution():
     assert torch.allclose(hot, torch.softmax(logits / 2, -1))
 
 
-
 @pytest.mark.parametrize("vocab", [6, 300, 5000])
 def test_the_nucleus_keeps_what_its_definition_keeps_with_ties_and_beyond_the_first_look(vocab):
     """A token stays when its strictly likelier tokens hold less than top_p (brute force over every token), tied tokens
@@ -234,6 +233,7 @@ def test_rows_without_a_nucleus_leave_the_other_rows_as_they_are(top_k):
         got = probabilities(logits, params)
         assert torch.equal(got[0], probabilities(logits[:1], params)[0])
         assert got[1:].isnan().all()
+
 
 # --------------------------------------------------------------------------- recorded draws of the sampling rules
 # The sampling rules draw what they drew before they were written for N blocks at once. ``decoding/verify.py`` runs
