@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -56,7 +57,7 @@ def worker(job_path: Path) -> None:
     first), write per drafter the engine µs of each block after the prefill, the wall and token totals, the tokens."""
     job = json.loads(job_path.read_text())
     sys.path.insert(0, str(HERE.parent))
-    from bench_engine_block import ForwardClock
+    from bench_engine_block import ForwardClock, stream_blocks
 
     clock = ForwardClock()
     clock.install()  # before mmspec_cli is imported
@@ -65,7 +66,6 @@ def worker(job_path: Path) -> None:
     torch.set_num_threads(1)
     import mmspec_cli
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.decoding.events import BlockVerified, TurnFinished, TurnStarted
     from mmspec_cli.models.profiles import apply_overrides, load_profile
 
     if not Path(mmspec_cli.__file__).resolve().is_relative_to(Path(job["tree"]).resolve()):
@@ -77,23 +77,18 @@ def worker(job_path: Path) -> None:
     found = {name: {"engine_us": [], "wall_s": 0.0, "tokens": 0, "outputs": []} for name in DRAFTERS}
     for measured in (False, True):
         for k, question in enumerate(QUESTIONS):
-            order = DRAFTERS[k % len(DRAFTERS):] + DRAFTERS[:k % len(DRAFTERS)]
-            for name in order:
-                entry, first = found[name], True
-                mark_t, mark_f = time.perf_counter(), clock.seconds
-                for event in decoders[name].stream([], [question], max_new_tokens=NEW_TOKENS):
-                    now, forward = time.perf_counter(), clock.seconds
-                    if isinstance(event, TurnStarted):
-                        first = True
-                    elif isinstance(event, BlockVerified):
-                        if measured and not first:
-                            entry["engine_us"].append(1e6 * ((now - mark_t) - (forward - mark_f)))
-                            entry["wall_s"] += now - mark_t
-                            entry["tokens"] += len(event.tokens)
-                        first = False
-                    elif isinstance(event, TurnFinished) and measured:
-                        entry["outputs"].append(list(event.result.token_ids))
-                    mark_t, mark_f = time.perf_counter(), clock.seconds
+            sample = types.SimpleNamespace(images=[], turns=[question], history=())  # what stream_blocks reads
+            for name in DRAFTERS[k % len(DRAFTERS):] + DRAFTERS[:k % len(DRAFTERS)]:
+                blocks, turns, _ = stream_blocks(decoders[name], sample, clock, NEW_TOKENS)
+                if not measured:
+                    continue
+                entry = found[name]
+                for block in blocks:
+                    if not block["first"]:  # the turn's first block also prefills the prompt
+                        entry["engine_us"].append(1e6 * (block["wall"] - block["forward"]))
+                        entry["wall_s"] += block["wall"]
+                        entry["tokens"] += block["tokens"]
+                entry["outputs"] += turns
     Path(job["out"]).write_text(json.dumps(found))
 
 
