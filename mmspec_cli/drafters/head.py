@@ -295,11 +295,12 @@ def chain_step(head: DraftHead | Eagle3Head) -> Callable:
 
 def chain_first(head: DraftHead | Eagle3Head) -> Callable:
     """The first proposal of ``head``'s compiled chain from its carried output h (1, H), with the step's parameters
-    (:func:`chain_params`, then the cache): the logits its draft step makes of each later output."""
+    (:func:`chain_params`, then the cache), of which it reads the LM head's only: the logits its draft step makes of
+    each later output."""
     if isinstance(head, Eagle3Head):
         propose = eagle3_proposal(head)
-        return lambda h, cache: propose(h)
-    return lambda h, lm_weight, lm_bias, glob, cache: lm_head_proposal(h, lm_weight, lm_bias)
+        return lambda h, *_: propose(h)
+    return lambda h, lm_weight, lm_bias, *_: lm_head_proposal(h, lm_weight, lm_bias)
 
 
 def lm_head_proposal(h: torch.Tensor, lm_weight: torch.Tensor, lm_bias: torch.Tensor | None) -> torch.Tensor:
