@@ -444,6 +444,37 @@ def test_a_call_unlike_its_graphs_trace_gets_a_graph_of_its_own():
         compiled_module.trace_key((object(),))
 
 
+class FirstWriteState:
+    """A state whose buffers are not allocated yet: a compiled step runs its function eagerly (the same function)."""
+
+    allocated = False
+    length = 0
+    cache = None
+
+    def room_for(self, fed: int) -> None:
+        pass
+
+    def wrote(self, fed: int, kept: int | None = None) -> None:
+        self.length += fed if kept is None else kept
+
+
+def test_a_step_returns_its_own_outputs_unless_padding_is_cut_off():
+    """After a forward every op costs more than it would warm, so a step that was not padded hands back what its
+    function returned, not a view of each output; a padded one cuts the padding off."""
+    made = []
+
+    def step(inputs, positions, mask, cache):
+        made[:] = [inputs * 2, positions + 1]
+        return tuple(made)
+
+    compiled_step = compiled_module.CompiledStep(step, "target", torch.device("cpu"))
+    unpadded = compiled_step(FirstWriteState(), torch.ones(1, 4), torch.arange(4)[None], None)
+    assert all(out is mine for out, mine in zip(unpadded, made))
+    padded = compiled_step(FirstWriteState(), torch.ones(1, 7), torch.arange(7)[None], None)  # padded to 8
+    assert [tuple(out.shape) for out in padded] == [(1, 7), (1, 7)]
+    assert padded[1].tolist() == [list(range(1, 8))]
+
+
 def test_a_cpu_graph_is_traced_with_grouped_query_attention_and_keeps_it(monkeypatch):
     """transformers' SDPA attention decides at trace time whether to pass ``enable_gqa`` or to copy the key/value
     heads once per query head (a copy of the whole static cache of each layer, every step). A CPU graph is traced

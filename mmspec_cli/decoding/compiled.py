@@ -336,8 +336,9 @@ class CompiledStep:
 
     def __call__(self, state: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
                  mask: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
-        """The outputs for the ``n`` fed positions (the padding's cut off), or None when this step runs eager
-        (longer than the largest padded size, or compiling failed)."""
+        """The outputs for the ``n`` fed positions (the padding's cut off: an unpadded step's outputs are the graph's
+        own, not views of them), or None when this step runs eager (longer than the largest padded size, or
+        compiling failed)."""
         n = inputs.shape[1]
         size = padded_size(n)
         if self.failed or size is None:
@@ -359,7 +360,7 @@ class CompiledStep:
             # So a state's first write (a head's first pair, say) runs eager, the same function.
             outputs = self._eager(inputs, positions, mask, state.cache)
             state.wrote(size, kept=n)
-            return tuple(out[:, :n] for out in outputs)
+            return tuple(out[:, :n] for out in outputs) if pad else tuple(outputs)
         outputs = self.graphs(inputs, positions, mask, state.cache)
         if outputs is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
@@ -367,7 +368,8 @@ class CompiledStep:
         state.wrote(size, kept=n)
         if self.graphs.device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
             return tuple(out[:, :n].clone() for out in outputs)
-        return tuple(out[:, :n] for out in outputs)  # a CPU graph allocates its outputs at every call
+        # a CPU graph allocates its outputs at every call; a view per output costs an op each after a forward
+        return tuple(out[:, :n] for out in outputs) if pad else outputs
 
 
 def pad_mask(mask: torch.Tensor, written_at: int, pad: int) -> torch.Tensor:

@@ -201,10 +201,9 @@ class CachedModel:
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, n)
         compiled = self.compiled(state, input_ids, positions, mask) if self.compiled is not None else None
         if compiled is not None:
-            logits, embeds, hidden = (out[0] for out in compiled)
             if self.features is not None:
-                self.features.hold_tree_rows(embeds, hidden, positions)
-            return logits  # (n, V)
+                self.features.hold_tree_rows(compiled[1][0], compiled[2][0], positions)
+            return compiled[0][0]  # (n, V)
         state.room_for(len(nodes))
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **with_cache(state.cache), use_cache=True, logits_to_keep=0)
@@ -337,14 +336,16 @@ class CachedModel:
             input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
             compiled = self.compiled(state, input_ids, positions, None)
         if compiled is not None:
-            logits, embeds, hidden = (out[0] for out in compiled)
+            logits = compiled[0][0]  # (n, V); the embeddings and features only where a head reads them
             if self.features is not None:
-                self.features.append_rows(embeds, hidden, positions)
+                self.features.append_rows(compiled[1][0], compiled[2][0], positions)
         else:
-            logits = self._eager(ids, images, positions, wanted)
+            logits = self._eager(ids, images, positions, wanted)  # (max(wanted, 1), V)
             if self.features is not None:
                 self.features.extend(positions)
-        return logits[-wanted:] if wanted else None
+        if not wanted:
+            return None
+        return logits if logits.shape[0] == wanted else logits[-wanted:]
 
     def _eager(self, ids: Sequence[int], images: Mapping[str, torch.Tensor], positions: torch.Tensor,
                wanted: int) -> torch.Tensor:

@@ -103,7 +103,7 @@ class EnsembleDrafter(Drafter):
         self._picker = picker
         q_k = self._catch_up(verified, picker)
         tokens, kept = draft_chain(self.step, (mixture(q_k, self._weights), q_k), None, shape.length, picker)
-        self._block_q = torch.stack([members_q.to(q_k) for _, members_q in kept])  # (γ, m, V)
+        self._block_q = torch.stack([members_q for _, members_q in kept]).to(q_k)  # (γ, m, V)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack([q for q, _ in kept]),
                      weights=weights)
 
