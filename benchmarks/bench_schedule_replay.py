@@ -15,7 +15,9 @@ takes the noise out:
 3. **Replay.** Every constant γ, the product's own :class:`~mmspec_cli.decoding.schedules.GammaSchedule` under
    ``cost`` (its step costs read from ``profile-latency``'s cache, as the CLI reads them; each block's measured time
    is the time of step 2 it is replayed at), and the **per-turn oracle**: each turn at the constant γ best for that
-   turn (a bound no schedule that learns within a turn can be sure to reach). Tokens per ms over each suite. A
+   turn (a bound no schedule that learns within a turn can be sure to reach), and the best **two-state pair** in
+   hindsight (one constant after a block accepted in full, another after a rejection: what reading the last block's
+   outcome could gain at most, :class:`TwoStates`). Tokens per ms over each suite. A
    turn's first block is replayed at its γ's steady time too: the prompt's prefill, which it also does, costs
    every schedule the same, and is left out.
 
@@ -188,6 +190,21 @@ def replay(turn: dict, clock: BlockClock, gamma: int | None = None, schedule=Non
     return n, ms, drafted
 
 
+class TwoStates:
+    """A schedule of two constants: ``after_full`` after a block whose drafts were all accepted (and at a turn's
+    start), ``after_rejection`` after one with a rejection. Acceptance comes in runs, so whether the last block was
+    accepted in full tells of the next; the best pair in hindsight bounds what a rule reading that state can gain."""
+
+    def __init__(self, after_full: int, after_rejection: int):
+        self.after_full, self.after_rejection, self.full = after_full, after_rejection, True
+
+    def length(self, context: int) -> int:
+        return self.after_full if self.full else self.after_rejection
+
+    def update(self, drafted: int, accepted: int, measured_ms: float | None = None, context: int = 0) -> None:
+        self.full = accepted == drafted
+
+
 def rates(turns: list[dict], clock: BlockClock, costs) -> dict:
     """Per suite: tokens per ms of each constant γ, of ``cost`` (and its mean γ), and of the per-turn oracle."""
     from mmspec_cli.decoding.schedules import GammaSchedule
@@ -201,11 +218,19 @@ def rates(turns: list[dict], clock: BlockClock, costs) -> dict:
             constant[g] = sum(r[0] for r in per_turn[g]) / sum(r[1] for r in per_turn[g])
         scheduled = [replay(turn, clock, schedule=GammaSchedule("cost", 5, costs=costs)) for turn in mine]
         oracle = [max((per_turn[g][i] for g in GAMMAS), key=lambda r: r[0] / r[1]) for i in range(len(mine))]
+        pairs = {}
+        for full in GAMMAS:
+            for rejected in GAMMAS:
+                runs = [replay(turn, clock, schedule=TwoStates(full, rejected)) for turn in mine]
+                pairs[(full, rejected)] = sum(r[0] for r in runs) / sum(r[1] for r in runs)
+        two_state = max(pairs, key=pairs.get)
         out[suite] = {
             "constant": constant,
             "cost": sum(r[0] for r in scheduled) / sum(r[1] for r in scheduled),
             "cost_mean_gamma": statistics.mean(g for r in scheduled for g in r[2]),
             "per_turn_oracle": sum(r[0] for r in oracle) / sum(r[1] for r in oracle),
+            "two_state": pairs[two_state],
+            "two_state_gammas": list(two_state),
         }
     return out
 
@@ -253,11 +278,17 @@ def main() -> None:
               f"{r['cost'] / r['constant'][best]:.3f} of the best constant, {r['cost'] / r['constant'][5]:.3f} of γ = 5")
         print(f"  per-turn oracle {r['per_turn_oracle']:.3f}: {r['per_turn_oracle'] / r['constant'][best]:.3f} of the "
               f"best constant, {r['per_turn_oracle'] / r['constant'][5]:.3f} of γ = 5")
+        full, rejected = r["two_state_gammas"]
+        print(f"  best two-state pair in hindsight (γ {full} after a block accepted in full, {rejected} after a "
+              f"rejection) {r['two_state']:.3f}: {r['two_state'] / r['constant'][best]:.3f} of the best constant, "
+              f"{r['two_state'] / r['constant'][5]:.3f} of γ = 5")
     print(f"\nmachine: {machine()}; wall time {time.perf_counter() - started:.0f} s")
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "drafter": args.drafter, "samples": args.samples,
                                         "skip": args.skip, "checked": checked, "mismatches": wrong,
-                                        "block_ms": clock.per_gamma, "rates": report, "turns": turns}, indent=1))
+                                        "block_ms": clock.per_gamma,
+                                        "block_ms_accepted": [[g, a, ms] for (g, a), ms in clock.pairs.items()],
+                                        "rates": report, "turns": turns}, indent=1))
 
 
 if __name__ == "__main__":
