@@ -1,4 +1,4 @@
-"""The maths a block runs on the host between forwards, timed side by side: the greedy choice and TABED's evidence.
+"""The maths a block runs on the host between forwards, timed side by side: choices, evidence, penalty, nucleus, draws.
 
 1. **The greedy choice** over real vocabularies: ``torch.argmax`` (what transformers' greedy search calls) against
    :func:`~mmspec_cli.decoding.sampling.argmax_ids` (``torch.max``'s indices, the same ids), for 1 row (a draft
@@ -13,6 +13,9 @@
 4. **The top-p nucleus** (0.9): before, a sort of each whole row; now
    :func:`~mmspec_cli.decoding.sampling.probabilities` reading the likeliest 256 first (:func:`nucleus_floor`), on
    a peaked row (logits of standard deviation 8: a nucleus of a few tokens) and a flat one (3: thousands).
+5. **A sampled draw** from a top-p distribution (T = 1, 0.9) of 1 row (a draft's pick) and 6 rows: before,
+   ``torch.multinomial`` on the CPU in float64; now :func:`~mmspec_cli.decoding.sampling.draw_ids` (the inverse
+   transform from 16,384 ids a row; multinomial below, so the demo's row is the same call twice).
 
 Each pair is timed interleaved, call by call, in two conditions: **warm** (the same call repeated) and **cold** (a
 16 MB buffer streamed through the caches before each call, as a model's forward does between a block's host
@@ -112,7 +115,8 @@ def main() -> None:
     import torch
 
     from bench_demo_suites import machine
-    from mmspec_cli.decoding.sampling import SamplingParams, argmax_ids, branch_repeats, penalize_repeats, probabilities
+    from mmspec_cli.decoding.sampling import (SamplingParams, argmax_ids, branch_repeats, draw_ids, penalize_repeats,
+                                              probabilities)
     from mmspec_cli.drafters.weights import candidate_errors, candidate_mixtures, simplex_grid
 
     torch.set_num_threads(args.threads)
@@ -183,6 +187,18 @@ def main() -> None:
                     size = int((probabilities(logits[:1], params) > 0).sum())
                     print_row(f"{name} {vocab} | {rows} | {label} | {size}", lambda: old_top_p(logits, 0.9),
                               lambda: probabilities(logits, params), max(10, args.calls // 20), False, flush)
+
+        print("\n## 5. A sampled draw from a top-p distribution (T = 1, 0.9): torch.multinomial against draw_ids\n")
+        print("| vocabulary | rows | condition | torch.multinomial | draw_ids | new/old |")
+        print("|---|---|---|---|---|---|")
+        for name, vocab in VOCABULARIES:
+            for rows in (1, 6):
+                probs = probabilities(torch.randn(rows, vocab, generator=generator) * 3, params)
+                old_draws, new_draws = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+                for cold in (False, True):
+                    print_row(f"{name} {vocab} | {rows} | {'cold' if cold else 'warm'}",
+                              lambda: torch.multinomial(probs.to(torch.float64), 1, generator=old_draws).tolist(),
+                              lambda: draw_ids(probs, new_draws).tolist(), max(30, args.calls // 5), cold, flush)
     print(f"\nmachine at the end: {machine()}")
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mmspec_cli.decoding import verify
-from mmspec_cli.decoding.sampling import SamplingParams, argmax_ids, probabilities
+from mmspec_cli.decoding.sampling import (INVERSE_CDF_FROM, SamplingParams, argmax_ids, draw_ids,
+                                          invert_cumulative, probabilities)
 from mmspec_cli.decoding.verify import (draw_rows, residual_distribution, verify_any_tree_sampling, verify_greedy,
                                         verify_sampling, verify_sampling_batch, verify_tree_sampling)
 from mmspec_cli.drafters.weights import mixture
@@ -62,6 +63,52 @@ def test_argmax_ids_picks_what_torch_argmax_picks_on_ties_nans_and_infinities(dt
         strided = logits.t().contiguous().t()
         for case in (logits, strided, logits[0]):
             assert torch.equal(argmax_ids(case), case.argmax(dim=-1)), (trial, dtype)
+
+
+def test_the_inverse_transform_gives_each_id_its_probability_and_never_one_of_none():
+    """Uniforms on an even grid of M points: each id is drawn at exactly its share of them, up to one point, and an
+    id of zero probability (inside the row, first or last) at none; where u · total rounds up to the total, the last
+    id of positive probability."""
+    probs = torch.zeros(2, 40, dtype=torch.float64)
+    probs[0, [1, 7, 8, 30]] = torch.tensor([0.1, 0.45, 0.25, 0.2], dtype=torch.float64)
+    probs[1, [0, 39]] = torch.tensor([3.0, 1.0], dtype=torch.float64)  # a distribution up to its sum
+    cumulative = probs.cumsum(dim=-1)
+    points = 10_000
+    grid = (torch.arange(points, dtype=torch.float64) / points)[:, None]  # u in [0, 1)
+    for row in range(2):
+        ids = invert_cumulative(probs[row].expand(points, -1), cumulative[row].expand(points, -1), grid)
+        counts = torch.bincount(ids, minlength=40).to(torch.float64)
+        share = probs[row] / probs[row].sum()
+        assert ((counts / points - share).abs() <= 1 / points).all()
+        assert counts[share == 0].sum() == 0
+    below_one = torch.tensor([[1.0 - 2.0 ** -53]], dtype=torch.float64)
+    trailing = torch.tensor([[0.3, 0.7, 0.0, 0.0]], dtype=torch.float64)
+    over = torch.tensor([[1.0 + 1e-12]], dtype=torch.float64)  # what a total rounded past the last sum would ask for
+    assert invert_cumulative(trailing, trailing.cumsum(-1), below_one).tolist() == [1]
+    assert invert_cumulative(trailing, trailing.cumsum(-1), over).tolist() == [1]
+
+
+def test_a_large_row_is_drawn_by_the_inverse_transform_and_a_small_one_as_multinomial_draws_it():
+    """From INVERSE_CDF_FROM ids a row, a draw is the inverse transform at the generator's uniform, never an id of
+    zero probability, one per row; below it, ``torch.multinomial``'s own draw (the recorded draws stay); a row
+    with no finite mass is refused."""
+    large = torch.zeros(3, INVERSE_CDF_FROM + 3)
+    large[:, [5, 9000, INVERSE_CDF_FROM + 1]] = torch.tensor([0.2, 0.5, 0.3])
+    large[2] = large[2].roll(7)  # ids 12, 9007 and 5 (the last wraps around)
+    drawn = torch.stack([draw_ids(large, torch.Generator().manual_seed(seed)) for seed in range(200)])  # (200, 3)
+    assert drawn.shape == (200, 3)
+    assert set(drawn[:, :2].flatten().tolist()) <= {5, 9000, INVERSE_CDF_FROM + 1}
+    assert set(drawn[:, 2].tolist()) <= {12, 9007, 5}
+    uniforms = torch.rand(3, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    rows = large.to(torch.float64)
+    assert draw_ids(large, torch.Generator().manual_seed(0)).tolist() == invert_cumulative(
+        rows, rows.cumsum(-1), uniforms).tolist()
+    small = torch.softmax(torch.randn(4, 1200, generator=torch.Generator().manual_seed(3)), dim=-1)
+    assert draw_ids(small, torch.Generator().manual_seed(4)).tolist() == torch.multinomial(
+        small.to(torch.float64), 1, generator=torch.Generator().manual_seed(4)).squeeze(-1).tolist()
+    for bad in (torch.zeros(1, INVERSE_CDF_FROM), torch.full((1, INVERSE_CDF_FROM), float("nan"))):
+        with pytest.raises(RuntimeError, match="zero, infinite or NaN"):
+            draw_ids(bad, torch.Generator().manual_seed(0))
 
 
 def test_residual_is_normalised_positive_part():

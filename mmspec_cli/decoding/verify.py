@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec_cli.decoding.sampling import argmax_ids
+from mmspec_cli.decoding.sampling import argmax_ids, draw_ids
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,10 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def draw_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token id from each row of ``probs`` (N, V), using ``generator`` (a CPU generator): (N,).
-
-    For N = 1 it draws exactly as :func:`~mmspec_cli.decoding.sampling.sample` does on that row."""
-    return torch.multinomial(probs.detach().to("cpu", torch.float64), 1, generator=generator).squeeze(-1)
+    """One token id from each row of ``probs`` (N, V), using ``generator`` (a CPU generator): (N,)
+    (:func:`~mmspec_cli.decoding.sampling.draw_ids`; for N = 1 it draws exactly as
+    :func:`~mmspec_cli.decoding.sampling.sample` does on that row)."""
+    return draw_ids(probs, generator)
 
 
 def verify_sampling(
