@@ -1,4 +1,4 @@
-"""The maths a block runs on the host between forwards, timed side by side: choices, evidence, penalty, nucleus, draws.
+"""The maths a block runs on the host between forwards, timed side by side against earlier formulations.
 
 1. **The greedy choice** over real vocabularies: ``torch.argmax`` (what transformers' greedy search calls) against
    :func:`~mmspec_cli.decoding.sampling.argmax_ids` (``torch.max``'s indices, the same ids), for 1 row (a draft
@@ -16,6 +16,9 @@
 5. **A sampled draw** from a top-p distribution (T = 1, 0.9) of 1 row (a draft's pick) and 6 rows: before,
    ``torch.multinomial`` on the CPU in float64; now :func:`~mmspec_cli.decoding.sampling.draw_ids` (the inverse
    transform from 16,384 ids a row; multinomial below, so the demo's row is the same call twice).
+6. **The chain rule of one block** (:func:`~mmspec_cli.decoding.verify.verify_sampling`, γ = 5, top-p 0.9 rows):
+   before, every row of p and q copied to the host in float64 first; now only the drafted tokens' probabilities
+   and the one row the block draws from (the same verdicts, checked on 20 seeds).
 
 Each pair is timed interleaved, call by call, in two conditions: **warm** (the same call repeated) and **cold** (a
 16 MB buffer streamed through the caches before each call, as a model's forward does between a block's host
@@ -98,6 +101,32 @@ def old_penalized(logits, context_ids, tokens, parents, penalty):
     return torch.where(rows, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
+def old_chain_rule(draft_tokens, draft_probs, target_probs, generator):
+    """The chain rule of one block as written before (``verify_sampling`` over ``verify_sampling_batch`` with one row):
+    every row of p and q copied to the host in float64 first. (accepted, next token)."""
+    import torch
+
+    from mmspec_cli.decoding.verify import draw_rows, residual_distribution
+
+    draft_tokens, draft_probs, target_probs = draft_tokens[None], draft_probs[None], target_probs[None]
+    n, gamma = draft_tokens.shape
+    p = target_probs.detach().to("cpu", torch.float64)
+    q = draft_probs.detach().to("cpu", torch.float64) if gamma else p[:, :0]
+    tokens = draft_tokens.to("cpu")[..., None]
+    p_draft = p[:, :gamma].gather(-1, tokens).squeeze(-1)
+    q_draft = q.gather(-1, tokens).squeeze(-1)
+    uniforms = torch.rand(n, gamma, generator=generator, dtype=torch.float64)
+    accept = uniforms * q_draft < p_draft
+    accepted = accept.long().cumprod(dim=-1).sum(dim=-1)
+    blocks = torch.arange(n)
+    fallback = p[blocks, accepted]
+    rejected = accepted < gamma
+    if bool(rejected.any()):
+        at = accepted[rejected]
+        fallback[rejected] = residual_distribution(p[blocks[rejected], at], q[blocks[rejected], at])
+    return int(accepted[0]), int(draw_rows(fallback, generator)[0])
+
+
 def old_top_p(logits, top_p):
     """softmax, then the top-p nucleus as written before: a sort of each whole row."""
     import torch
@@ -117,6 +146,7 @@ def main() -> None:
     from bench_demo_suites import machine
     from mmspec_cli.decoding.sampling import (SamplingParams, argmax_ids, branch_repeats, draw_ids, penalize_repeats,
                                               probabilities)
+    from mmspec_cli.decoding.verify import verify_sampling
     from mmspec_cli.drafters.weights import candidate_errors, candidate_mixtures, simplex_grid
 
     torch.set_num_threads(args.threads)
@@ -199,6 +229,24 @@ def main() -> None:
                     print_row(f"{name} {vocab} | {rows} | {'cold' if cold else 'warm'}",
                               lambda: torch.multinomial(probs.to(torch.float64), 1, generator=old_draws).tolist(),
                               lambda: draw_ids(probs, new_draws).tolist(), max(30, args.calls // 5), cold, flush)
+
+        print("\n## 6. The chain rule of one block (γ = 5, top-p 0.9 rows): whole rows to float64 against verify_sampling\n")
+        print("| vocabulary | condition | every row copied | verify_sampling | new/old |")
+        print("|---|---|---|---|---|")
+        for name, vocab in VOCABULARIES:
+            target = probabilities(torch.randn(6, vocab, generator=generator) * 3, params)
+            draft = probabilities(torch.randn(5, vocab, generator=generator) * 3, params)
+            tokens = torch.stack([draw_ids(row, generator) for row in draft])
+            for seed in range(20):
+                verdict = verify_sampling(tokens, draft, target, torch.Generator().manual_seed(seed))
+                assert (verdict.accepted, verdict.next_token) == old_chain_rule(
+                    tokens, draft, target, torch.Generator().manual_seed(seed))
+            old_draws, new_draws = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+            for cold in (False, True):
+                print_row(f"{name} {vocab} | {'cold' if cold else 'warm'}",
+                          lambda: old_chain_rule(tokens, draft, target, old_draws),
+                          lambda: verify_sampling(tokens, draft, target, new_draws), max(30, args.calls // 5), cold,
+                          flush)
     print(f"\nmachine at the end: {machine()}")
 
 

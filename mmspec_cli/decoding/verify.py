@@ -91,22 +91,37 @@ def verify_sampling_batch(
     Returns (accepted (N,), next_token (N,)). Draws: N·γ uniforms, then one token per block.
     """
     n, gamma = draft_tokens.shape
-    p = target_probs.detach().to("cpu", torch.float64)  # (N, γ+1, V)
-    q = draft_probs.detach().to("cpu", torch.float64) if gamma else p[:, :0]  # (N, γ, V)
-    tokens = draft_tokens.to("cpu")[..., None]  # (N, γ, 1)
-    p_draft = p[:, :gamma].gather(-1, tokens).squeeze(-1)  # (N, γ)
-    q_draft = q.gather(-1, tokens).squeeze(-1)  # (N, γ)
+    # Only what the rule reads goes to the host in float64: the drafted tokens' probabilities and one row per block
+    # (over a real vocabulary, copying every row cost more than the rule itself). The values are those of whole
+    # copies: a float64 copy of an entry is the same number wherever it is taken.
+    p_draft = _host(_at_tokens(target_probs[:, :gamma], draft_tokens))  # (N, γ)
+    q_draft = _host(_at_tokens(draft_probs, draft_tokens)) if gamma else p_draft  # (N, γ)
     uniforms = torch.rand(n, gamma, generator=generator, dtype=torch.float64)  # (N, γ)
     # accept iff u < p/q, written without division; q(y) > 0 because y was drawn from q
     accept = uniforms * q_draft < p_draft
     accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # (N,): the first rejection, or γ
     blocks = torch.arange(n)
-    fallback = p[blocks, accepted]  # (N, V): the bonus row p_{γ+1} after a full accept
+    fallback = _host(_rows(target_probs, blocks, accepted))  # (N, V): the bonus row p_{γ+1} after a full accept
     rejected = accepted < gamma
     if bool(rejected.any()):
         at = accepted[rejected]
-        fallback[rejected] = residual_distribution(p[blocks[rejected], at], q[blocks[rejected], at])
+        fallback[rejected] = residual_distribution(fallback[rejected], _host(_rows(draft_probs, blocks[rejected], at)))
     return accepted, draw_rows(fallback, generator)
+
+
+def _host(values: torch.Tensor) -> torch.Tensor:
+    """``values`` on the CPU in float64, where the sampling rules compute and draw."""
+    return values.detach().to("cpu", torch.float64)
+
+
+def _at_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """probs (N, γ, V) at tokens (N, γ): each row's probability of its token, (N, γ), on ``probs``'s device."""
+    return probs.gather(-1, tokens.to(probs.device)[..., None]).squeeze(-1)
+
+
+def _rows(probs: torch.Tensor, blocks: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """probs (N, γ, V) at (block, position) pairs: (K, V), on ``probs``'s device."""
+    return probs[blocks.to(probs.device), positions.to(probs.device)]
 
 
 # --------------------------------------------------------------------------- token trees
