@@ -106,9 +106,13 @@ def test_a_large_row_is_drawn_by_the_inverse_transform_and_a_small_one_as_multin
     small = torch.softmax(torch.randn(4, 1200, generator=torch.Generator().manual_seed(3)), dim=-1)
     assert draw_ids(small, torch.Generator().manual_seed(4)).tolist() == torch.multinomial(
         small.to(torch.float64), 1, generator=torch.Generator().manual_seed(4)).squeeze(-1).tolist()
-    for bad in (torch.zeros(1, INVERSE_CDF_FROM), torch.full((1, INVERSE_CDF_FROM), float("nan"))):
-        with pytest.raises(RuntimeError, match="zero, infinite or NaN"):
+    negative = large[:1].clone()
+    negative[0, 7] = -0.1
+    for bad in (torch.zeros(1, INVERSE_CDF_FROM), torch.full((1, INVERSE_CDF_FROM), float("nan")), negative):
+        with pytest.raises(RuntimeError, match="negative entry, or a total that is zero, infinite or NaN"):
             draw_ids(bad, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="not 3 dimensions"):
+        draw_ids(large[None], torch.Generator().manual_seed(0))
 
 
 def test_residual_is_normalised_positive_part():

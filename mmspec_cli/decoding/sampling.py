@@ -157,18 +157,21 @@ def draw_ids(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     Rows of :data:`INVERSE_CDF_FROM` ids or more are drawn by inverse transform sampling: one uniform u per row,
     and the first id whose cumulative mass exceeds u times the row's total (:func:`invert_cumulative`).
     ``torch.multinomial`` draws an exponential for every id of a row instead (the exponential race): on this CPU,
-    one row of 152,064 takes 2.8 ms that way and 0.15 ms this way (``benchmarks/bench_host_maths.py``). Both draw
+    one row of 152,064 takes 2.9 ms that way and 0.28 ms this way (``benchmarks/bench_host_maths.py``). Both draw
     each id with its probability; a seed picks other ids at that size than ``multinomial`` did.
 
-    ``probs`` is non-negative, as every caller's is (a softmax, a clamped residual, a mixture of them); a row whose
-    total is zero, infinite or NaN is refused (RuntimeError), as ``torch.multinomial`` refuses it."""
-    rows = probs.detach().to("cpu", torch.float64)  # one row (V,) or rows (N, V)
+    As ``torch.multinomial`` does, it refuses (RuntimeError) a row with a negative entry, or whose total is zero,
+    infinite or NaN, and more than two dimensions."""
+    if probs.dim() > 2:
+        raise RuntimeError(f"draw_ids takes one row (V,) or rows (N, V), not {probs.dim()} dimensions")
+    rows = probs.detach().to("cpu", torch.float64)
     if rows.shape[-1] < INVERSE_CDF_FROM:
         return torch.multinomial(rows, 1, generator=generator).squeeze(-1)
     cumulative = rows.cumsum(dim=-1)
     total = cumulative[..., -1:]
-    if not bool(((total > 0) & (total < float("inf"))).all()):
-        raise RuntimeError("a distribution to draw from has a total that is zero, infinite or NaN")
+    if not bool(((total > 0) & (total < float("inf"))).all()) or bool(rows.min() < 0):  # a reduction: no mask
+        raise RuntimeError("a distribution to draw from has a negative entry, or a total that is zero, infinite or "
+                           "NaN")
     uniforms = torch.rand(total.shape, generator=generator, dtype=torch.float64)
     return invert_cumulative(rows, cumulative, uniforms)
 
