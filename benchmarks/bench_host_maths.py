@@ -230,7 +230,8 @@ def main() -> None:
                               lambda: torch.multinomial(probs.to(torch.float64), 1, generator=old_draws).tolist(),
                               lambda: draw_ids(probs, new_draws).tolist(), max(30, args.calls // 5), cold, flush)
 
-        print("\n## 6. The chain rule of one block (γ = 5, top-p 0.9 rows): whole rows to float64 against verify_sampling\n")
+        print("\n## 6. The chain rule of one block (γ = 5, top-p 0.9 rows): every row to float64 first, against "
+              "verify_sampling\n")
         print("| vocabulary | condition | every row copied | verify_sampling | new/old |")
         print("|---|---|---|---|---|")
         for name, vocab in VOCABULARIES:

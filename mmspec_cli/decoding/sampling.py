@@ -152,7 +152,8 @@ INVERSE_CDF_FROM = 16384
 
 def draw_ids(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One id from each row of ``probs``, one row (V,) or rows (N, V), each a distribution up to its sum, drawn on the
-    CPU in float64 with ``generator`` (a CPU generator, so a seeded run draws the same on any device): () or (N,).
+    CPU in float64 with ``generator`` (a CPU generator, so from the same distributions a seed draws the same tokens
+    on any device): () or (N,).
 
     Rows of :data:`INVERSE_CDF_FROM` ids or more are drawn by inverse transform sampling: one uniform u per row,
     and the first id whose cumulative mass exceeds u times the row's total (:func:`invert_cumulative`).
@@ -160,8 +161,8 @@ def draw_ids(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     one row of 152,064 takes 2.9 ms that way and 0.28 ms this way (``benchmarks/bench_host_maths.py``). Both draw
     each id with its probability; a seed picks other ids at that size than ``multinomial`` did.
 
-    As ``torch.multinomial`` does, it refuses (RuntimeError) a row with a negative entry, or whose total is zero,
-    infinite or NaN, and more than two dimensions."""
+    As ``torch.multinomial`` does, it refuses (RuntimeError) a row with a negative entry or whose total is zero,
+    infinite or NaN, and probabilities of more than two dimensions."""
     if probs.dim() > 2:
         raise RuntimeError(f"draw_ids takes one row (V,) or rows (N, V), not {probs.dim()} dimensions")
     rows = probs.detach().to("cpu", torch.float64)
