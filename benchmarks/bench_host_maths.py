@@ -19,6 +19,9 @@
 6. **The chain rule of one block** (:func:`~mmspec_cli.decoding.verify.verify_sampling`, γ = 5, top-p 0.9 rows):
    before, every row of p and q copied to the host in float64 first; now only the drafted tokens' probabilities
    and the one row the block draws from (the same verdicts, checked on 20 seeds).
+7. **The top-p nucleus's floor** (0.9) over a real vocabulary on the CPU: the likeliest 256 read first (``topk``,
+   the seventh session's) against :func:`~mmspec_cli.decoding.sampling.cut_nucleus_floor`, which sorts only the
+   probabilities above (1 − top_p) / V (the same floors, checked).
 
 Each pair is timed interleaved, call by call, in two conditions: **warm** (the same call repeated) and **cold** (a
 16 MB buffer streamed through the caches before each call, as a model's forward does between a block's host
@@ -127,6 +130,19 @@ def old_chain_rule(draft_tokens, draft_probs, target_probs, generator):
     return int(accepted[0]), int(draw_rows(fallback, generator)[0])
 
 
+def old_look_floor(probs, top_p):
+    """The top-p nucleus's floor as read before the cut (issue 31's seventh session): the likeliest 256 first
+    (``topk``), the whole row sorted where the nucleus may reach past them."""
+    import torch
+
+    from mmspec_cli.decoding.sampling import _nucleus_edge
+
+    floor, inside = _nucleus_edge(torch.topk(probs, min(256, probs.shape[-1]), dim=-1).values, top_p)
+    if bool(inside.all()):
+        return floor
+    return torch.where(inside, floor, _nucleus_edge(torch.sort(probs, dim=-1, descending=True).values, top_p)[0])
+
+
 def old_top_p(logits, top_p):
     """softmax, then the top-p nucleus as written before: a sort of each whole row."""
     import torch
@@ -144,8 +160,8 @@ def main() -> None:
     import torch
 
     from bench_demo_suites import machine
-    from mmspec_cli.decoding.sampling import (SamplingParams, argmax_ids, branch_repeats, draw_ids, penalize_repeats,
-                                              probabilities)
+    from mmspec_cli.decoding.sampling import (SamplingParams, argmax_ids, branch_repeats, cut_nucleus_floor, draw_ids,
+                                              penalize_repeats, probabilities)
     from mmspec_cli.decoding.verify import verify_sampling
     from mmspec_cli.drafters.weights import candidate_errors, candidate_mixtures, simplex_grid
 
@@ -248,6 +264,19 @@ def main() -> None:
                           lambda: old_chain_rule(tokens, draft, target, old_draws),
                           lambda: verify_sampling(tokens, draft, target, new_draws), max(30, args.calls // 5), cold,
                           flush)
+
+        print("\n## 7. The top-p nucleus's floor (0.9): the first look of 256 against the cut at (1 − top_p) / V\n")
+        print("| vocabulary | rows | logits | ids above the cut (first row) | first look | cut_nucleus_floor "
+              "| new/old |")
+        print("|---|---|---|---|---|---|---|")
+        for name, vocab in VOCABULARIES[1:]:
+            for spread, label in ((8.0, "peaked"), (3.0, "flat")):
+                for rows in (1, 6):
+                    probs = torch.softmax(torch.randn(rows, vocab, generator=generator) * spread, dim=-1)
+                    assert torch.equal(cut_nucleus_floor(probs, 0.9), old_look_floor(probs, 0.9))
+                    above = int((probs[0] > 0.1 / vocab).sum())
+                    print_row(f"{name} {vocab} | {rows} | {label} | {above}", lambda: old_look_floor(probs, 0.9),
+                              lambda: cut_nucleus_floor(probs, 0.9), max(10, args.calls // 20), False, flush)
     print(f"\nmachine at the end: {machine()}")
 
 

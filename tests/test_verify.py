@@ -238,12 +238,13 @@ def test_top_k_and_top_p_shape_the_distribution():
     assert torch.allclose(hot, torch.softmax(logits / 2, -1))
 
 
-@pytest.mark.parametrize("vocab", [6, 300, 5000])
+@pytest.mark.parametrize("vocab", [6, 300, 5000, 20000])
 def test_the_nucleus_keeps_what_its_definition_keeps_with_ties_and_beyond_the_first_look(vocab):
     """A token stays when its strictly likelier tokens hold less than top_p (brute force over every token), tied tokens
     together: peaked rows, whose nucleus lies inside the first look, and flat ones over 5,000 ids, whose nucleus
-    reaches past it (the whole-row sort); rows of many ties (rounded logits) included. Where no tie sits at the edge
-    the result is the sort-based rule's, value for value."""
+    reaches past it (the whole-row sort); over 20,000 ids, the rows cut at (1 − top_p) / V first (the CPU's
+    path for a real vocabulary); rows of many ties (rounded logits) included. Where no tie sits at the edge the result
+    is the sort-based rule's, value for value."""
     from mmspec_cli.decoding.sampling import NUCLEUS_LOOK
 
     generator = torch.Generator().manual_seed(vocab)
@@ -270,12 +271,40 @@ def test_the_nucleus_keeps_what_its_definition_keeps_with_ties_and_beyond_the_fi
     assert reached_past == (vocab > NUCLEUS_LOOK)  # the whole-row sort was reached where a nucleus can pass the look
 
 
+def test_a_cut_nucleus_floor_is_the_whole_rows_or_none(monkeypatch):
+    """Rows of 20,000 ids: the floor read from the probabilities above (1 − top_p) / V is the one the first look or
+    the whole-row sort reads, number for number, on peaked, flat and tied rows and where the ids above the cut are
+    the nucleus itself; a row whose mass above the cut is within rounding of top_p is left to the whole row."""
+    from mmspec_cli.decoding import sampling
+    from mmspec_cli.decoding.sampling import cut_nucleus_floor, nucleus_floor
+
+    generator = torch.Generator().manual_seed(11)
+    vocab = 20000
+    for dtype in (torch.float32, torch.float64):
+        for spread in (0.5, 3.0, 8.0, 30.0):
+            logits = torch.randn(4, vocab, generator=generator, dtype=dtype) * spread
+            logits[1] = logits[1].round()
+            probs = torch.softmax(logits, dim=-1)
+            for top_p in (0.1, 0.5, 0.9, 0.99):
+                cut = cut_nucleus_floor(probs, top_p)
+                assert cut is not None
+                with monkeypatch.context() as patch:
+                    patch.setattr(sampling, "NUCLEUS_CUT_FROM", vocab + 1)  # the first look, or the whole sort
+                    whole = nucleus_floor(probs, top_p)
+                assert torch.equal(cut, whole), (dtype, spread, top_p)
+    exact = torch.zeros(1, vocab, dtype=torch.float64)
+    exact[0, :3] = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    assert cut_nucleus_floor(exact, 1 - 1e-9).item() == 0.25  # the whole mass is above the cut, by far more than 1e-9
+    assert cut_nucleus_floor(exact, 1 - 2 ** -53) is None  # within rounding of the mass above the cut
+    assert cut_nucleus_floor(exact, 0.7).item() == 0.25
+
+
 @pytest.mark.parametrize("top_k", [None, 3])
 def test_rows_without_a_nucleus_leave_the_other_rows_as_they_are(top_k):
     """A row of NaN probabilities (a NaN logit, a +inf one, or every logit -inf) has no nucleus: it comes back NaN, as
     softmax gives it, without an error, and the rows beside it are shaped as they are alone."""
     generator = torch.Generator().manual_seed(5)
-    for vocab in (40, 1000):  # inside the first look, and past it
+    for vocab in (40, 1000, 20000):  # inside the first look, past it, and cut first
         logits = torch.randn(4, vocab, generator=generator, dtype=torch.float64) * 0.2
         logits[1, 7] = float("nan")
         logits[2, 3] = float("inf")
