@@ -292,6 +292,9 @@ def test_a_cut_nucleus_floor_is_the_whole_rows_or_none(monkeypatch):
                     patch.setattr(sampling, "NUCLEUS_CUT_FROM", vocab + 1)  # the first look, or the whole sort
                     whole = nucleus_floor(probs, top_p)
                 assert torch.equal(cut, whole), (dtype, spread, top_p)
+    peaked = torch.softmax(torch.randn(2, vocab, generator=generator) * 3, dim=-1)
+    assert torch.equal(cut_nucleus_floor(peaked, 1e-46), peaked.max(dim=-1, keepdim=True).values)  # 0 in float32
+    assert cut_nucleus_floor(peaked[:0], 0.9) is None and nucleus_floor(peaked[:0], 0.9).shape == (0, 1)
     exact = torch.zeros(1, vocab, dtype=torch.float64)
     exact[0, :3] = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert cut_nucleus_floor(exact, 1 - 1e-9).item() == 0.25  # the whole mass is above the cut, by far more than 1e-9

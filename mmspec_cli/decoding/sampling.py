@@ -109,10 +109,13 @@ def cut_nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor | None:
     nucleus lies among them, and they are a row's likeliest, so sorted they are the prefix of the whole row's sort,
     and the floor read from them is the same number. Checked on the cumulative mass as computed: a row is settled
     when the mass of all its ids above c reaches top_p by more than its rounding (the first id below them then has
-    top_p before it in the whole row's sort too); a row within rounding of it, or with no id above c (NaN), is not. On this CPU ``topk`` of 256 over 152,064 ids
+    top_p before it in the whole row's sort too); a row within rounding of it, or with no id above c (a softmax row
+    with a NaN is NaN throughout), is not. On this CPU ``topk`` of 256 over 152,064 ids
     takes 0.5 ms a row; a peaked row's few thousand ids above c are found and sorted in half of it, a flat row's
     tens of thousands in a quarter of a whole sort (``benchmarks/bench_host_maths.py``)."""
     vocab = probs.shape[-1]
+    if not probs.numel():
+        return None
     cut = (1.0 - top_p) / vocab
     floors = []
     for row in probs.reshape(-1, vocab):
@@ -124,7 +127,7 @@ def cut_nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor | None:
         # the whole row's sort reads the next id's mass before it as (total + v) − v: a few roundings of total
         if not total - 4 * torch.finfo(values.dtype).eps * total >= top_p:
             return None
-        count = int(((mass - values) < top_p).sum())  # >= 1: nothing comes before the likeliest
+        count = max(1, int(((mass - values) < top_p).sum()))  # the likeliest always (a top_p that rounds to 0)
         floors.append(values[count - 1])
     return torch.stack(floors).reshape(*probs.shape[:-1], 1)
 
