@@ -61,14 +61,16 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     if params.greedy:
         raise ValueError("probabilities() needs temperature > 0; greedy decoding uses argmax")
+    # ``scaled`` and ``probs`` are this function's own tensors: masked and renormalised in place (over a real
+    # vocabulary each row copy costs as much as the op that makes it)
     scaled = logits.to(working_dtype(logits)) / params.temperature  # (..., V)
     if params.top_k is not None and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # (..., 1)
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        scaled.masked_fill_(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p is not None and params.top_p < 1.0:
-        probs = probs.masked_fill(probs < nucleus_floor(probs, params.top_p), 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        probs.masked_fill_(probs < nucleus_floor(probs, params.top_p), 0.0)
+        probs.div_(probs.sum(dim=-1, keepdim=True))
     return probs
 
 
