@@ -86,8 +86,9 @@ class DraftStep:
       next proposal and carry;
     - ``from_logits``: whether proposals are logits (else distributions);
     - ``compiled(first, carry, steps)``: the whole greedy chain in one compiled graph (the tokens, and what was
-      kept of each proposal, or None), the owner's bookkeeping included; None when it can't run now (not
-      compiled, a state not allocated yet, compiling failed): the loop then runs eagerly;
+      kept of each proposal: a list, or the graph's own stacked tensor, a row per proposal), the owner's
+      bookkeeping included; None when it can't run now (not compiled, a state not allocated yet, compiling
+      failed): the loop then runs eagerly;
     - ``first_of(carry)``: for a step whose catch-up leaves only its carry (a head: its last output), the first
       proposal from it (the head's LM head). :func:`draft_chain` is then given no ``first``: the eager loop calls
       this, and a compiled chain computes the same inside its graph (``first`` None), so that the block makes no

@@ -90,8 +90,9 @@ class EnsembleDrafter(Drafter):
         return (mixture(q_k, self._weights), q_k), None
 
     def _compiled(self, first: tuple[torch.Tensor, torch.Tensor], carry: None, steps: int):
-        out = self.rows.run_chain(first, steps, self._weights, self.target_vocab)
-        return None if out is None else (out[0], [(None, q_k) for q_k in out[1]])
+        """The greedy chain in one graph: its tokens, and the member distributions each was chosen from as one
+        (steps, m, V) tensor (what :meth:`propose` keeps), not a pair per token."""
+        return self.rows.run_chain(first, steps, self._weights, self.target_vocab)
 
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         self._weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
@@ -103,6 +104,9 @@ class EnsembleDrafter(Drafter):
         self._picker = picker
         q_k = self._catch_up(verified, picker)
         tokens, kept = draft_chain(self.step, (mixture(q_k, self._weights), q_k), None, shape.length, picker)
+        if isinstance(kept, torch.Tensor):  # the compiled chain's (γ, m, V), already stacked
+            self._block_q = kept
+            return Draft(tokens=tokens, probs=None, weights=weights)  # greedy: no draft distributions
         self._block_q = torch.stack([members_q for _, members_q in kept]).to(q_k)  # (γ, m, V)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack([q for q, _ in kept]),
                      weights=weights)

@@ -471,7 +471,9 @@ class BatchedRows:
         self.shared.extend(tokens[:-1])
         self._show(fed)
         self.last_logits = None  # the graph kept no logits
-        return tokens, out[1].clone()  # a CUDA graph's outputs are overwritten by its next replay
+        if self.chain.device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
+            return tokens, out[1].clone()
+        return tokens, out[1]  # a CPU graph allocates its outputs at every call
 
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
