@@ -14,8 +14,9 @@ each, every turn's first block (the prefill) left out; each tree in its own proc
 the trees alternating round by round (``--rounds``), the drafters interleaved inside a process. Each tree's tokens
 are compared with the other's: greedy, they must be the same. ``--sampling`` samples at temperature 1 with top-p 0.9
 (seed 1); there the trees draw the same tokens only where their distributions agree (a tree from before issue 31's
-seventh session split tokens tied at the nucleus's edge). Medians with the quartiles; the ratios are after/before of
-the medians. Exits 0 whatever it measures.
+seventh session split tokens tied at the nucleus's edge). ``--tree width`` or ``dynamic`` drafts token trees (2 branches;
+or the profile's dynamic trees) instead of chains, where the target's rows a sampled tree's rule reads matter. Medians
+with the quartiles; the ratios are after/before of the medians. Exits 0 whatever it measures.
 
     git worktree add /tmp/before <commit>   # or: mkdir /tmp/before && git archive <commit> | tar -x -C /tmp/before
     python benchmarks/bench_standin_engine.py --before /tmp/before [--rounds 4]
@@ -48,6 +49,9 @@ def options(argv: list[str] | None = None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--sampling", action="store_true",
                         help="sample at temperature 1 with top-p 0.9 (seed 1) instead of greedy decoding")
+    parser.add_argument("--tree", choices=("chain", "width", "dynamic"), default="chain",
+                        help="the blocks' shape: chains (default), width trees of 2 branches, or dynamic trees at the "
+                             "profile's settings (budget 30, depth 3, top-k 8); ar drafts nothing either way")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -71,7 +75,8 @@ def worker(job_path: Path) -> None:
     if not Path(mmspec_cli.__file__).resolve().is_relative_to(Path(job["tree"]).resolve()):
         raise SystemExit(f"mmspec_cli was imported from {mmspec_cli.__file__}, not from {job['tree']}")
     sampling = {"temperature": 1.0, "top_p": 0.9, "seed": 1} if job["sampling"] else {}
-    profile = apply_overrides(load_profile("qwen25-vl-7b"), max_new_tokens=NEW_TOKENS, **sampling)
+    shape = {"chain": {}, "width": {"tree_width": 2}, "dynamic": {"tree": "dynamic"}}[job["shape"]]
+    profile = apply_overrides(load_profile("qwen25-vl-7b"), max_new_tokens=NEW_TOKENS, **sampling, **shape)
     models = ModelSet.load(profile, list(DRAFTERS), threads=1)
     decoders = {name: models.decoder(name) for name in DRAFTERS}
     found = {name: {"engine_us": [], "wall_s": 0.0, "tokens": 0, "outputs": []} for name in DRAFTERS}
@@ -92,10 +97,10 @@ def worker(job_path: Path) -> None:
     Path(job["out"]).write_text(json.dumps(found))
 
 
-def run_tree(tree: Path, cache: Path, scratch: Path, sampling: bool) -> dict:
+def run_tree(tree: Path, cache: Path, scratch: Path, sampling: bool, shape: str) -> dict:
     job = scratch / f"job-{time.monotonic_ns()}.json"
     out = job.with_suffix(".out.json")
-    job.write_text(json.dumps({"tree": str(tree), "out": str(out), "sampling": sampling}))
+    job.write_text(json.dumps({"tree": str(tree), "out": str(out), "sampling": sampling, "shape": shape}))
     from bench_engine_block import worker_env  # the tree first on PYTHONPATH, the machine's after it; one thread
 
     env = worker_env(tree, {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
@@ -132,12 +137,12 @@ def main() -> None:
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     print(f"machine: {machine()}; each worker one thread")
     print(f"before: {sides['before']}; after: {sides['after']}; {args.rounds} rounds, the trees alternating; "
-          + ("sampling at temperature 1, top-p 0.9, seed 1" if args.sampling else "greedy"))
+          + ("sampling at temperature 1, top-p 0.9, seed 1" if args.sampling else "greedy") + f"; blocks: {args.tree}")
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(args.rounds):
         for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
             started = time.perf_counter()
-            runs[side].append(run_tree(sides[side], cache, scratch, args.sampling))
+            runs[side].append(run_tree(sides[side], cache, scratch, args.sampling, args.tree))
             print(f"  round {r + 1}, {side}: {time.perf_counter() - started:.0f} s", flush=True)
     print("\n| drafter | engine µs/block, before | after | after/before | ms/token, before | after | after/before |"
           " same tokens |")

@@ -14,6 +14,7 @@ from mmspec_cli.decoding.tree import ROOT, TreeSettings, TreeTopology, best, rer
 from mmspec_cli.decoding.verify import (PathVerdict, draw_rows, verify_any_tree_greedy, verify_any_tree_sampling,
                                         verify_any_tree_sampling_batch)
 from mmspec_cli.drafters import build_drafter
+from mmspec_cli.drafters.tree_drafting import top_log_probabilities
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import apply_overrides, profile_from_dict
 from tests import tiny
@@ -31,11 +32,31 @@ EAGLE2 = dict(tree="dynamic", tree_budget=60, tree_depth=5, tree_topk=10)
 
 def test_top_children_score_whole_paths():
     log_q = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]], dtype=torch.float64))
-    rows, tokens, scores = top_children(log_q, torch.tensor([0.0, -1.0], dtype=torch.float64), k=2)
+    top = torch.topk(log_q, 2, dim=-1)
+    rows, tokens, scores = top_children(top.values, top.indices, torch.tensor([0.0, -1.0], dtype=torch.float64))
     assert rows == [0, 0, 1, 1] and tokens == [0, 1, 2, 0]
     torch.testing.assert_close(torch.tensor(scores), torch.tensor([0.5, 0.3, 0.8, 0.1]).log()
                                + torch.tensor([0.0, 0.0, -1.0, -1.0]), rtol=0, atol=1e-12)
     assert best([-1.0, -0.5, -0.5, -2.0], 2) == [1, 2]  # ties: the earlier first
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_top_of_probabilities_is_the_top_of_their_logs(dtype):
+    """The k logs a dynamic tree takes pick the ids, in the order, and the log q that the log of whole rows and then
+    their top k gives: ties (bfloat16 logits tie often), rows with fewer than k tokens left (ties at zero) and the
+    ensemble's floor included."""
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(96, 3000, generator=g) * 4).to(dtype)
+    probs = torch.softmax(logits.float(), dim=-1)
+    kept = torch.zeros_like(probs[::3]).scatter_(1, probs[::3].topk(3, dim=-1).indices, 1.0)
+    probs[::3] *= kept  # 3 tokens left: 5 of the top 8 tie at 0
+    for floor in (0.0, torch.finfo(torch.float64).tiny):
+        values, ids = top_log_probabilities(probs, 8, floor)
+        whole = torch.topk(probs.to(torch.float64).clamp_min(floor).log(), 8, dim=-1)
+        assert torch.equal(ids, whole.indices) and torch.equal(values, whole.values)
+    tied = values[:, :-1] == values[:, 1:]
+    assert bool(tied[::3, -4:].all())  # each such row's 5 zeros tie
+    assert dtype == torch.float32 or bool(tied[1::3].any())  # bfloat16 logits tie among the likeliest
 
 
 def test_rerank_keeps_the_best_as_a_tree_in_creation_order():
@@ -135,6 +156,26 @@ def test_one_verification_is_the_batched_rule_with_one_row():
         paths, next_token = verify_any_tree_sampling_batch(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs[None], batch)
         assert verdict == PathVerdict([r for r in paths[0].tolist() if r >= 0], int(next_token[0]))
         assert torch.equal(one.get_state(), batch.get_state())
+
+
+def test_the_rule_shapes_only_the_rows_its_walk_reaches():
+    """Given the target's rows as a function (as the engine gives them, so that only the rows read are shaped and
+    copied), the rule asks for the rows its walk stands on, one level at a time, and draws what it draws from the
+    whole tensor: the same verdict and the same generator state."""
+    probs = torch.stack([ToyModel(5, 1, seed=20 + r).tables[0] for r in range(len(TREE_PARENTS))])  # (rows, V)
+    for i in range(60):
+        asked: list[list[int]] = []
+
+        def rows(at: torch.Tensor) -> torch.Tensor:
+            asked.append(at.tolist())
+            return probs[at].to(torch.float32)  # what the picker hands back: the rule copies it to float64 itself
+
+        lazy, whole = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        verdict = verify_any_tree_sampling(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, rows, lazy)
+        assert verdict == verify_any_tree_sampling(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, probs.to(torch.float32),
+                                                   whole)
+        assert torch.equal(lazy.get_state(), whole.get_state())
+        assert asked == [[row] for row in [0, *verdict.rows]]  # the root, then each accepted row: nothing else
 
 
 # --------------------------------------------------------------------------- end to end

@@ -133,6 +133,33 @@ def test_one_tree_is_the_batched_rule_with_one_row():
         assert torch.equal(one.get_state(), batch.get_state())
 
 
+def test_a_tree_shapes_only_the_branch_it_follows():
+    """Given the target's branch rows as a function (the engine's), the rule asks for the followed branch alone, and
+    none when no first token is accepted; it draws what it draws from the whole tensor (verdict and generator)."""
+    target, draft = target_and_draft()
+    for i in range(60):
+        g = torch.Generator().manual_seed(200 + i)
+        empty = torch.zeros(1, 0, dtype=torch.long)
+        q, p = draft.probs(empty)[0], target.probs(empty)[0]
+        firsts = torch.tensor(draw_without_replacement(q, 2, g))  # (d,)
+        seconds = torch.stack([draft.probs(firsts[j:j + 1][None])[0] for j in range(2)])  # (d, V)
+        branches = torch.stack([firsts, torch.multinomial(seconds, 1, generator=g)[:, 0]], dim=1)  # (d, 2)
+        draft_probs = torch.stack([q.expand(2, -1), seconds], dim=1)  # (d, 2, V)
+        branch_probs = torch.stack([torch.stack([target.probs(branches[j:j + 1, :t + 1])[0] for t in range(2)])
+                                    for j in range(2)])  # (d, 2, V)
+        asked: list[int] = []
+
+        def followed(j: int) -> torch.Tensor:
+            asked.append(j)
+            return branch_probs[j]
+
+        lazy, whole = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        verdict = verify_tree_sampling(branches, draft_probs, p, followed, lazy)
+        assert verdict == verify_tree_sampling(branches, draft_probs, p, branch_probs, whole)
+        assert torch.equal(lazy.get_state(), whole.get_state())
+        assert asked == ([verdict.branch] if verdict.accepted else [])
+
+
 def test_draws_without_replacement_come_in_draw_order():
     """The engine's first tokens: (x1, x2) has probability q(x1) · q(x2) / (1 − q(x1)), the law the rule assumes."""
     g = torch.Generator().manual_seed(3)

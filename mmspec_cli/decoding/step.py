@@ -190,7 +190,8 @@ class BlockStep:
             outcome = verify_tree_greedy(tokens, root, branches)
         else:
             outcome = verify_tree_sampling(tokens, tree.branch_probs(), picker.distribution(root),
-                                           picker.distribution(branches), picker.generator)
+                                           lambda j: picker.distribution(branches[j]),  # the followed branch only
+                                           picker.generator)
         followed = tree.branch(outcome.branch)
         return list(followed.nodes[: outcome.accepted]), outcome.next_token, followed
 
@@ -201,8 +202,9 @@ class BlockStep:
         if picker.greedy:
             verdict = verify_any_tree_greedy(parents, tokens, logits)
         else:
-            verdict = verify_any_tree_sampling(parents, tokens, rooted_values(tree.scores), picker.distribution(logits),
-                                               picker.generator)
+            verdict = verify_any_tree_sampling(parents, tokens, rooted_values(tree.scores),
+                                               lambda rows: picker.distribution(logits[rows.to(logits.device)]),
+                                               picker.generator)  # the rows the walk reaches only
         accepted = unrooted(verdict.rows)
         return accepted, verdict.next_token, tree.chain(tree.topology.extend(accepted, tree.scores))
 

@@ -184,18 +184,18 @@ def unrooted(rows: Sequence[int]) -> list[int]:
 # --------------------------------------------------------------------------- EAGLE-2 dynamic trees
 
 
-def top_children(log_q: torch.Tensor, scores: torch.Tensor, k: int) -> tuple[list[int], list[int], list[float]]:
-    """EAGLE-2's expansion (Li et al. 2024, "EAGLE-2", §4.1): every node's ``k`` likeliest children.
+def top_children(log_q: torch.Tensor, ids: torch.Tensor,
+                 scores: torch.Tensor) -> tuple[list[int], list[int], list[float]]:
+    """EAGLE-2's expansion (Li et al. 2024, "EAGLE-2", §4.1): every node's k likeliest children.
 
-    log_q: (n, V) the draft's log-probabilities after each of n nodes; scores: (n,) the nodes' own
-    scores (a root's is 0). A child's score is its parent's plus log q(child): the log of the
-    draft's probability of the whole path. Returns, for the n·k children in order (node by node,
-    likeliest first): the row of the parent, the token and the score.
+    log_q, ids: (n, k) the draft's k likeliest tokens after each of n nodes, likeliest first, and their
+    log-probabilities; scores: (n,) the nodes' own scores (a root's is 0). A child's score is its parent's plus
+    log q(child): the log of the draft's probability of the whole path. Returns, for the n·k children in order (node
+    by node, likeliest first): the row of the parent, the token and the score.
     """
-    top = torch.topk(log_q.to(torch.float64), min(k, log_q.shape[-1]), dim=-1)  # (n, k)
-    cumulative = scores.to(top.values.device, torch.float64)[:, None] + top.values  # (n, k); scores may be on the CPU
+    cumulative = scores.to(log_q.device, torch.float64)[:, None] + log_q.to(torch.float64)  # scores may be on the CPU
     rows = torch.arange(log_q.shape[0])[:, None].expand_as(cumulative)
-    return rows.flatten().tolist(), top.indices.flatten().tolist(), cumulative.flatten().tolist()
+    return rows.flatten().tolist(), ids.flatten().tolist(), cumulative.flatten().tolist()
 
 
 def best(scores: Sequence[float], k: int) -> list[int]:

@@ -20,7 +20,7 @@ random numbers in the same order as a loop over one block would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,9 +109,24 @@ def verify_sampling_batch(
     return accepted, draw_rows(fallback, generator)
 
 
-def _host(values: torch.Tensor) -> torch.Tensor:
-    """``values`` on the CPU in float64, where the sampling rules compute and draw."""
-    return values.detach().to("cpu", torch.float64)
+def _host(values: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """``values`` on the CPU in float64, where the sampling rules compute and draw (``copy``: always a tensor of its
+    own, which the rule may write into)."""
+    return values.detach().to("cpu", torch.float64, copy=copy)
+
+
+#: The target's distributions at some rows of a verification, asked for as they are needed: called with
+#: (blocks (k,), rows (k,)) it returns those k rows' distributions (k, V) (or (k, γ, V) for a width tree's
+#: branches). The engine passes one that shapes only the rows asked for; a tensor (N, rows, ...) stands for the
+#: function that indexes it (:func:`target_rows`). A rule given a function, not a tensor, verifies one block.
+TargetRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def target_rows(probs: torch.Tensor | TargetRows) -> TargetRows:
+    """``probs`` as the function of (blocks, rows) it stands for: a tensor (N, rows, ...) is indexed."""
+    if callable(probs):
+        return probs
+    return lambda blocks, rows: probs[blocks.to(probs.device), rows.to(probs.device)]
 
 
 def _at_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -196,8 +211,8 @@ def recursive_rejection_batch(candidates: torch.Tensor, q: torch.Tensor, p: torc
     Returns (index of the accepted candidate, −1 where none was, (N,); the residual to draw from then, (N, V)).
     Draws: one uniform per candidate tried, for the undecided roots in row order.
     """
-    p_i = p.detach().to("cpu", torch.float64).clone()
-    q_i = q.detach().to("cpu", torch.float64).clone()
+    p_i = _host(p, copy=True)  # written row by row below: the caller's tensors are left as they are
+    q_i = _host(q, copy=True)
     candidates = candidates.to("cpu")
     index = torch.full((candidates.shape[0],), -1, dtype=torch.long)
     for i in range(candidates.shape[1]):
@@ -215,26 +230,31 @@ def recursive_rejection_batch(candidates: torch.Tensor, q: torch.Tensor, p: torc
 
 
 def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
-                         branch_probs: torch.Tensor, generator: torch.Generator) -> TreeVerdict:
+                         branch_probs: torch.Tensor | Callable[[int], torch.Tensor],
+                         generator: torch.Generator) -> TreeVerdict:
     """Multi-draft speculative sampling of one tree: :func:`verify_tree_sampling_batch` with N = 1.
 
-    branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V).
+    branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V), or a function of a branch
+    index giving that branch's (γ, V), called for the followed branch only.
     """
+    rows = branch_probs[None] if not callable(branch_probs) else (
+        lambda blocks, followed: torch.stack([branch_probs(int(j)) for j in followed]))
     branch, accepted, next_token = verify_tree_sampling_batch(branches[None], draft_probs[None], root_probs[None],
-                                                              branch_probs[None], generator)
+                                                              rows, generator)
     return TreeVerdict(branch=int(branch[0]), accepted=int(accepted[0]), next_token=int(next_token[0]))
 
 
 def verify_tree_sampling_batch(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
-                               branch_probs: torch.Tensor,
+                               branch_probs: torch.Tensor | TargetRows,
                                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Multi-draft speculative sampling over N trees whose only fork is the root.
 
     branches: (N, d, γ), first tokens drawn from q_root without replacement, in draw order;
     draft_probs: (N, d, γ, V), [r, j, t] the distribution token t of branch j was drawn from (all
     [r, j, 0] equal q_root); root_probs: (N, V) and branch_probs: (N, d, γ, V), the target's p, shaped
-    like q. The root is settled by :func:`recursive_rejection_batch`; after accepting branch j's
-    first token, the rest of branch j is a chain and goes through :func:`verify_sampling_batch`.
+    like q (or :data:`TargetRows` of (trees, branches), asked for the followed branches only). The root is settled
+    by :func:`recursive_rejection_batch`; after accepting branch j's first token, the rest of branch j is a chain
+    and goes through :func:`verify_sampling_batch`.
     Both keep the target's distribution, so the emitted tokens follow the target's own sampling.
     Returns (branch followed, 0 when no first token was accepted; accepted tokens; next token), each (N,).
     """
@@ -249,7 +269,7 @@ def verify_tree_sampling_batch(branches: torch.Tensor, draft_probs: torch.Tensor
     if len(chosen):
         j = index[chosen]
         rest, after = verify_sampling_batch(branches[chosen, j, 1:], draft_probs[chosen, j, 1:],
-                                            branch_probs[chosen, j], generator)
+                                            target_rows(branch_probs)(chosen, j), generator)
         accepted[chosen] = 1 + rest
         next_token[chosen] = after
     return index.clamp_min(0), accepted, next_token
@@ -296,17 +316,20 @@ def verify_any_tree_greedy(parents: Sequence[int], tokens: Sequence[int], logits
 
 
 def verify_any_tree_sampling(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
-                             target_probs: torch.Tensor, generator: torch.Generator) -> PathVerdict:
+                             target_probs: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],
+                             generator: torch.Generator) -> PathVerdict:
     """Sampling with deterministic candidates for one tree: :func:`verify_any_tree_sampling_batch` with N = 1.
 
-    target_probs: (rows, V), already shaped by temperature/top-k/top-p.
+    target_probs: (rows, V), already shaped by temperature/top-k/top-p; or a function of row indices (k,) giving
+    those rows' distributions (k, V), called for the rows the walk reaches only.
     """
-    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, target_probs[None], generator)
+    rows = target_probs[None] if not callable(target_probs) else (lambda blocks, at: target_probs(at))
+    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, rows, generator)
     return PathVerdict([int(row) for row in paths[0] if row >= 0], int(next_token[0]))
 
 
 def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
-                                   target_probs: torch.Tensor,
+                                   target_probs: torch.Tensor | TargetRows,
                                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampling with deterministic candidates (EAGLE-2; Li et al. 2024; the multi-draft rule with q a point mass),
     for N independent verifications of one tree (parents, tokens and draft ``scores`` per row, shared).
@@ -316,7 +339,9 @@ def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int]
     the next child is tried. If every child is rejected, the next token is drawn from what remains of
     p. Each step is the single-draft rule with q = a point mass on x (accept with min(1, p(x)/1),
     residual norm(max(0, p − δ_x))), so the output follows the target's p.
-    target_probs: (N, rows, V), already shaped by temperature/top-k/top-p.
+    target_probs: (N, rows, V), already shaped by temperature/top-k/top-p, or :data:`TargetRows`: only the rows
+    the walk reaches are read (over a real vocabulary, shaping and copying a whole tree's rows cost more than the
+    rule), each copied to the host in float64 as it is reached, the same numbers as a copy of them all.
     Returns (the accepted rows of each verification, a path from the root's child down padded with −1,
     (N, depth); the next token, (N,)). Draws: one uniform per child tried, then one token per verification.
     """
@@ -325,14 +350,14 @@ def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int]
     for row, kids in enumerate(order):
         table[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
     token_of = torch.tensor(list(tokens), dtype=torch.long)
-    probs = target_probs.detach().to("cpu", torch.float64)  # (N, rows, V)
-    n = probs.shape[0]
+    rows_at = target_rows(target_probs)
+    n = target_probs.shape[0] if isinstance(target_probs, torch.Tensor) else 1  # a function: one verification
     row = torch.zeros(n, dtype=torch.long)
     next_token = torch.zeros(n, dtype=torch.long)
     live = torch.arange(n)  # verifications still walking down
     steps: list[torch.Tensor] = []
     while len(live):
-        p = probs[live, row[live]]  # (m, V), a copy
+        p = _host(rows_at(live, row[live]), copy=True)  # (m, V): the rows the walks are at, written below
         kids = table[row[live]]  # (m, width)
         chosen = torch.full((len(live),), -1, dtype=torch.long)
         for rank in range(kids.shape[1]):

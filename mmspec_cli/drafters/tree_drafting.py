@@ -54,28 +54,44 @@ def pick(proposal: torch.Tensor, picker: TokenPicker) -> int:
     return int(argmax_ids(proposal)) if picker.greedy else picker.choose_from(proposal)
 
 
-def logits_log_proposal(proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
-    """log q of a proposal: logits when greedy (a model's or a head's), probabilities when sampling."""
+def logits_log_proposal(proposal: torch.Tensor, picker: TokenPicker, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` likeliest tokens after each row of a proposal (n, V), likeliest first, as (log q (n, k) in float64,
+    ids (n, k)): of logits when greedy (a model's or a head's: their log-softmax), of probabilities when sampling
+    (:func:`top_log_probabilities`)."""
     if picker.greedy:
-        return torch.log_softmax(proposal.to(torch.float64), dim=-1)
-    return proposal.to(torch.float64).log()
+        top = torch.topk(torch.log_softmax(proposal.to(torch.float64), dim=-1), min(k, proposal.shape[-1]), dim=-1)
+        return top.values, top.indices
+    return top_log_probabilities(proposal, k)
 
 
-def probabilities_log_proposal(proposal: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
-    """log q of a proposal that is a distribution, greedy or not (an ensemble's mixture)."""
-    return proposal.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log()
+def probabilities_log_proposal(proposal: torch.Tensor, picker: TokenPicker,
+                               k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`logits_log_proposal` of a proposal that is a distribution, greedy or not (an ensemble's mixture): a
+    probability of 0 has the log of float64's smallest normal number."""
+    return top_log_probabilities(proposal, k, floor=torch.finfo(torch.float64).tiny)
+
+
+def top_log_probabilities(probs: torch.Tensor, k: int, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` likeliest tokens of each row of ``probs`` (n, V) and the float64 log of their probabilities (floored
+    at ``floor``): the top k of the log of the whole rows, with k logs taken instead of V. A probability in float32
+    or bfloat16 is exactly a float64, and the float64 log keeps the order of two such numbers and their equality (a
+    float32 step is about 10^8 of the log's), so the same comparisons pick the same ids, ties included; over a real
+    vocabulary the log of whole rows cost more than the rest of a dynamic tree's drafting (a float64 row's entries
+    within a few rounding steps of each other may tie or swap under the log)."""
+    top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    return top.values.to(torch.float64).clamp_min(floor).log(), top.indices
 
 
 @dataclass
 class TreeStep:
-    """One drafter kind's tree steps (module doc): ``root``, ``level``, ``keep``, ``done``; ``log_proposal`` turns a
-    proposal into log q (the dynamic tree's scores)."""
+    """One drafter kind's tree steps (module doc): ``root``, ``level``, ``keep``, ``done``; ``log_proposal`` gives a
+    proposal's k likeliest tokens and their log q (a dynamic tree's children and their scores)."""
 
     root: Callable[[Sequence[int], TokenPicker], torch.Tensor]
     level: Callable[[Sequence[int], Sequence[int], TokenPicker], torch.Tensor]
     keep: Callable[[Sequence[int]], None]
     done: Callable[[], None] = lambda: None
-    log_proposal: Callable[[torch.Tensor, TokenPicker], torch.Tensor] = logits_log_proposal
+    log_proposal: Callable[[torch.Tensor, TokenPicker, int], tuple[torch.Tensor, torch.Tensor]] = logits_log_proposal
 
 
 class TreeDrafts:
@@ -115,14 +131,14 @@ class TreeDrafts:
     def dynamic(self, verified: Sequence[int], levels: int, budget: int, topk: int,
                 picker: TokenPicker) -> TreeDraft:
         step = self.step
-        log_q = step.log_proposal(step.root(verified, picker), picker)[None]  # (1, V)
+        top = step.log_proposal(step.root(verified, picker)[None], picker, topk)  # (1, k) log q and ids
         parents: list[int] = []  # every candidate, in creation order
         tokens: list[int] = []
         scores: list[float] = []
         frontier, frontier_scores = [ROOT], torch.zeros(1, dtype=torch.float64)
         fed: dict[int, int] = {}
         for level in range(levels):
-            rows, children, child_scores = top_children(log_q, frontier_scores, topk)
+            rows, children, child_scores = top_children(*top, frontier_scores)
             first = len(tokens)
             parents += [frontier[row] for row in rows]
             tokens += children
@@ -133,7 +149,7 @@ class TreeDrafts:
             fed_parents = [fed.get(parents[node], ROOT) for node in frontier]
             proposals = step.level([tokens[node] for node in frontier], fed_parents, picker)  # (k, V)
             fed.update({node: len(fed) + i for i, node in enumerate(frontier)})  # numbered as the cache numbers them
-            log_q = step.log_proposal(proposals, picker)
+            top = step.log_proposal(proposals, picker, topk)
             frontier_scores = torch.tensor([scores[node] for node in frontier], dtype=torch.float64)
         step.done()
         topology, kept = rerank(parents, scores, budget - 1)
