@@ -50,9 +50,9 @@ def test_the_top_of_probabilities_is_the_top_of_their_logs(dtype):
     probs = torch.softmax(logits.float(), dim=-1)
     kept = torch.zeros_like(probs[::3]).scatter_(1, probs[::3].topk(3, dim=-1).indices, 1.0)
     probs[::3] *= kept  # 3 tokens left: 5 of the top 8 tie at 0
-    for floor in (0.0, torch.finfo(torch.float64).tiny):
+    for floor in (None, torch.finfo(torch.float64).tiny):
         values, ids = top_log_probabilities(probs, 8, floor)
-        whole = torch.topk(probs.to(torch.float64).clamp_min(floor).log(), 8, dim=-1)
+        whole = torch.topk(probs.to(torch.float64).clamp_min(floor or 0.0).log(), 8, dim=-1)
         assert torch.equal(ids, whole.indices) and torch.equal(values, whole.values)
     tied = values[:, :-1] == values[:, 1:]
     assert bool(tied[::3, -4:].all())  # each such row's 5 zeros tie
@@ -176,6 +176,8 @@ def test_the_rule_shapes_only_the_rows_its_walk_reaches():
                                                    whole)
         assert torch.equal(lazy.get_state(), whole.get_state())
         assert asked == [[row] for row in [0, *verdict.rows]]  # the root, then each accepted row: nothing else
+    with pytest.raises(TypeError, match="blocks=N"):  # a function does not say how many verifications it serves
+        verify_any_tree_sampling_batch(TREE_PARENTS, TREE_TOKENS, TREE_SCORES, lambda b, r: probs[r], lazy)
 
 
 # --------------------------------------------------------------------------- end to end

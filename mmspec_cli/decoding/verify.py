@@ -118,7 +118,7 @@ def _host(values: torch.Tensor, copy: bool = False) -> torch.Tensor:
 #: The target's distributions at some rows of a verification, asked for as they are needed: called with
 #: (blocks (k,), rows (k,)) it returns those k rows' distributions (k, V) (or (k, γ, V) for a width tree's
 #: branches). The engine passes one that shapes only the rows asked for; a tensor (N, rows, ...) stands for the
-#: function that indexes it (:func:`target_rows`). A rule given a function, not a tensor, verifies one block.
+#: function that indexes it (:func:`target_rows`).
 TargetRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -324,13 +324,13 @@ def verify_any_tree_sampling(parents: Sequence[int], tokens: Sequence[int], scor
     those rows' distributions (k, V), called for the rows the walk reaches only.
     """
     rows = target_probs[None] if not callable(target_probs) else (lambda blocks, at: target_probs(at))
-    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, rows, generator)
+    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, rows, generator, blocks=1)
     return PathVerdict([int(row) for row in paths[0] if row >= 0], int(next_token[0]))
 
 
 def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int], scores: Sequence[float],
-                                   target_probs: torch.Tensor | TargetRows,
-                                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                                   target_probs: torch.Tensor | TargetRows, generator: torch.Generator,
+                                   blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampling with deterministic candidates (EAGLE-2; Li et al. 2024; the multi-draft rule with q a point mass),
     for N independent verifications of one tree (parents, tokens and draft ``scores`` per row, shared).
 
@@ -339,9 +339,10 @@ def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int]
     the next child is tried. If every child is rejected, the next token is drawn from what remains of
     p. Each step is the single-draft rule with q = a point mass on x (accept with min(1, p(x)/1),
     residual norm(max(0, p − δ_x))), so the output follows the target's p.
-    target_probs: (N, rows, V), already shaped by temperature/top-k/top-p, or :data:`TargetRows`: only the rows
-    the walk reaches are read (over a real vocabulary, shaping and copying a whole tree's rows cost more than the
-    rule), each copied to the host in float64 as it is reached, the same numbers as a copy of them all.
+    target_probs: (N, rows, V), already shaped by temperature/top-k/top-p, or :data:`TargetRows` with ``blocks``,
+    the N it verifies: only the rows the walk reaches are read (over a real vocabulary, shaping and copying a whole
+    tree's rows cost more than the rule), each copied to the host in float64 as it is reached, the same numbers as a
+    copy of them all.
     Returns (the accepted rows of each verification, a path from the root's child down padded with −1,
     (N, depth); the next token, (N,)). Draws: one uniform per child tried, then one token per verification.
     """
@@ -351,7 +352,12 @@ def verify_any_tree_sampling_batch(parents: Sequence[int], tokens: Sequence[int]
         table[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
     token_of = torch.tensor(list(tokens), dtype=torch.long)
     rows_at = target_rows(target_probs)
-    n = target_probs.shape[0] if isinstance(target_probs, torch.Tensor) else 1  # a function: one verification
+    if isinstance(target_probs, torch.Tensor):
+        n = target_probs.shape[0]
+    elif blocks is None:
+        raise TypeError("verify_any_tree_sampling_batch: given the target's rows as a function, it needs blocks=N")
+    else:
+        n = blocks
     row = torch.zeros(n, dtype=torch.long)
     next_token = torch.zeros(n, dtype=torch.long)
     live = torch.arange(n)  # verifications still walking down

@@ -71,7 +71,8 @@ def probabilities_log_proposal(proposal: torch.Tensor, picker: TokenPicker,
     return top_log_probabilities(proposal, k, floor=torch.finfo(torch.float64).tiny)
 
 
-def top_log_probabilities(probs: torch.Tensor, k: int, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def top_log_probabilities(probs: torch.Tensor, k: int,
+                          floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` likeliest tokens of each row of ``probs`` (n, V) and the float64 log of their probabilities (floored
     at ``floor``): the top k of the log of the whole rows, with k logs taken instead of V. A probability in float32
     or bfloat16 is exactly a float64, and the float64 log keeps the order of two such numbers and their equality (a
@@ -79,7 +80,8 @@ def top_log_probabilities(probs: torch.Tensor, k: int, floor: float = 0.0) -> tu
     vocabulary the log of whole rows cost more than the rest of a dynamic tree's drafting (a float64 row's entries
     within a few rounding steps of each other may tie or swap under the log)."""
     top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-    return top.values.to(torch.float64).clamp_min(floor).log(), top.indices
+    values = top.values.to(torch.float64)
+    return (values if floor is None else values.clamp_min(floor)).log(), top.indices
 
 
 @dataclass
