@@ -41,6 +41,31 @@ def test_remarks_hold_for_flat_timings_and_fail_for_growing_ones():
     assert r1.worst == pytest.approx(0.2) and r2.worst == pytest.approx(0.3)
 
 
+def test_sizes_are_timed_side_by_side_so_a_slowing_machine_reaches_them_alike(monkeypatch):
+    """Each size is warmed up, then every repeat times each once, in turn, the order reversed every other round (a
+    reset before every call). On a machine that slows down as it goes, sizes timed one after the other would carry
+    the slowdown into their ratio; side by side their ratio holds."""
+    clock = {"now": 0.0, "calls": []}
+
+    def run(size: str):
+        def call():
+            clock["calls"].append(size)
+            clock["now"] += {"small": 1.0, "large": 2.0}[size] * (1 + 0.1 * len(clock["calls"]))  # slower and slower
+        return call
+
+    timer = latency.Timer("cpu", warmup=1, repeat=4)
+    monkeypatch.setattr(timer, "_time", lambda call: -clock["now"] + (call() or clock["now"]))
+    resets = []
+    medians = timer.medians_ms({"small": run("small"), "large": run("large")}, reset=lambda: resets.append(1))
+    assert clock["calls"] == ["small", "large"] + ["small", "large", "large", "small"] * 2
+    assert len(resets) == len(clock["calls"])
+    assert abs(medians["large"] / medians["small"] - 2.0) < 0.05
+    clock["calls"].clear()
+    apart = {size: timer.median_ms(run(size)) for size in ("small", "large")}  # one size after the other
+    assert clock["calls"] == ["small"] * 5 + ["large"] * 5
+    assert apart["large"] / apart["small"] > 2.5  # the slowdown is read as the larger size's cost
+
+
 def test_latency_ratio_uses_the_nearest_grid_point():
     result = synthetic({"512,1": 10.0, "512,5": 20.0, "2048,5": 40.0, "2048,1": 30.0},
                        {"1,512": 1.0, "4,512": 2.0, "1,2048": 3.0, "4,2048": 4.0})

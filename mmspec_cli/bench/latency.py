@@ -17,7 +17,8 @@
   the 4 more steps called one by one; a chain of 2 can cost more than one step. Timed at each γ = n − 1 ≥ 2 of the
   grid's n, right after the step at the same S (S ascending: a static state only grows).
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
-synchronized clock on CPU. The latency ratio used in Eq. (1) is
+synchronized clock on CPU; the sizes measured over one state (the target's verification of each n at an S, the
+chains of each γ) side by side, a repeat of each in turn (:meth:`Timer.medians_ms`). The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
 ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
 Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
@@ -40,7 +41,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,13 +157,25 @@ class Timer:
         self.device, self.warmup, self.repeat = torch.device(device), warmup, repeat
 
     def median_ms(self, run: Callable[[], None], reset: Callable[[], None] = lambda: None) -> float:
-        samples = []
-        for i in range(self.warmup + self.repeat):
-            reset()
-            elapsed = self._time(run)
-            if i >= self.warmup:
-                samples.append(elapsed)
-        return statistics.median(samples)
+        return self.medians_ms({None: run}, reset)[None]
+
+    def medians_ms(self, runs: Mapping[Any, Callable[[], None]],
+                   reset: Callable[[], None] = lambda: None) -> dict[Any, float]:
+        """The median time of each of ``runs`` (``reset`` before every call), timed side by side: each is warmed up,
+        then every repeat times each once, in turn, the order reversed every other round. A machine that slows down
+        or speeds up during the timing (another job, its clock) then reaches them alike, so their ratios, which the
+        schedules and Eq. (1) read (T_p(1, S, γ + 1) / T_p(1, S, 1)), hold better than timed one after the other."""
+        for run in runs.values():
+            for _ in range(self.warmup):
+                reset()
+                self._time(run)
+        samples: dict[Any, list[float]] = {key: [] for key in runs}
+        keys = list(runs)
+        for round_ in range(self.repeat):
+            for key in keys if round_ % 2 == 0 else keys[::-1]:
+                reset()
+                samples[key].append(self._time(runs[key]))
+        return {key: statistics.median(times) for key, times in samples.items()}
 
     def _time(self, run: Callable[[], None]) -> float:
         if self.device.type == "cuda":
@@ -193,18 +206,25 @@ def fill(model, state, prefix: torch.Tensor) -> None:
     state.wrote(seq)
 
 
-@torch.inference_mode()
 def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) -> float:
     """Median time of one forward of ``new_tokens`` tokens per row after a cached prefix of ``seq``."""
-    prefix, step = random_ids(model, batch, seq, new_tokens)
+    return step_latencies_ms(model, batch, seq, [new_tokens], timer)[new_tokens]
+
+
+@torch.inference_mode()
+def step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int], timer: Timer) -> dict[int, float]:
+    """:func:`step_latency_ms` for each n of ``counts``, over one prefix fed once, timed side by side
+    (:meth:`Timer.medians_ms`)."""
+    prefix, steps = random_ids(model, batch, seq, max(counts))
     state = DynamicKV(config=model.config)
     fill(model, state, prefix)
-    positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1)
-    return timer.median_ms(
-        run=lambda: model(input_ids=step, **with_cache(state.cache), use_cache=True, logits_to_keep=new_tokens,
-                          position_ids=positions),
-        reset=lambda: state.rollback(seq),
-    )
+
+    def forward(n: int) -> Callable[[], Any]:
+        positions = TEXT_POSITIONS.chain(seq, n, model.device).expand(batch, -1)
+        return lambda: model(input_ids=steps[:, :n], **with_cache(state.cache), use_cache=True, logits_to_keep=n,
+                             position_ids=positions)
+
+    return timer.medians_ms({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
@@ -268,24 +288,29 @@ def _static_state(module, purpose: str, needed: int):
 
 
 @torch.inference_mode()
-def compiled_step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer, role: str) -> float:
-    """:func:`step_latency_ms` as ``--compile`` runs the step: the model's compiled forward
+def compiled_step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int], timer: Timer,
+                               role: str) -> dict[int, float]:
+    """:func:`step_latencies_ms` as ``--compile`` runs the step: the model's compiled forward
     (``compiled.compiled_forward``) over its static state; a batch of B > 1 rows under the additive padding
     mask batched rows pass (all of a row's prefix visible)."""
     from mmspec_cli.decoding.compiled import compiled_forward
     from mmspec_cli.drafters.rows import additive_step_mask
 
-    prefix, step = random_ids(model, batch, seq, new_tokens)
-    state = _static_state(model, "cached" if batch == 1 else f"rows{batch}", seq + new_tokens)
+    prefix, steps = random_ids(model, batch, seq, max(counts))
+    state = _static_state(model, "cached" if batch == 1 else f"rows{batch}", seq + max(counts))
     fill(model, state, prefix)
-    positions = TEXT_POSITIONS.chain(seq, new_tokens, model.device).expand(batch, -1).contiguous()
-    mask = None
-    if batch > 1:
-        visible = torch.ones(batch, seq + new_tokens, dtype=torch.long, device=model.device)
-        mask = state.fit_mask(additive_step_mask(visible, new_tokens, model.dtype))
     compiled = compiled_forward(model, role)
-    return timer.median_ms(run=_compiled(compiled, lambda: compiled(state, step, positions, mask)),
-                           reset=lambda: state.rollback(seq))
+
+    def forward(n: int) -> Callable[[], None]:
+        positions = TEXT_POSITIONS.chain(seq, n, model.device).expand(batch, -1).contiguous()
+        mask = None
+        if batch > 1:
+            visible = torch.ones(batch, seq + n, dtype=torch.long, device=model.device)
+            mask = state.fit_mask(additive_step_mask(visible, n, model.dtype))
+        step = steps[:, :n].contiguous()
+        return _compiled(compiled, lambda: compiled(state, step, positions, mask))
+
+    return timer.medians_ms({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
@@ -361,8 +386,8 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
         first = cached.logits(prefix[0].tolist(), 1)[-1]
         graphs = compiled_chain(model, "greedy chain", cached.compiled, lambda: model_step(model))
         vocab = first.shape[-1]
-        return {g: timer.median_ms(run=_compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab)),
-                                   reset=lambda: cached.rollback(seq)) for g in lengths}
+        return timer.medians_ms({g: _compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab))
+                                 for g in lengths}, reset=lambda: cached.rollback(seq))
     rows = BatchedRows(model, None, kv="compiled")
     rows.begin([Row(ids=ids) for ids in prefix.tolist()])
     rows.reserve(max(lengths) + 1)
@@ -370,8 +395,8 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
     weights = torch.full((batch,), 1.0 / batch, dtype=torch.float64)
     first = (mixture(q_k, weights), q_k)
     vocab = q_k.shape[-1]
-    return {g: timer.median_ms(run=_compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab)),
-                               reset=lambda: rows.rollback(0)) for g in lengths}
+    return timer.medians_ms({g: _compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab))
+                             for g in lengths}, reset=lambda: rows.rollback(0))
 
 
 @torch.inference_mode()
@@ -408,8 +433,9 @@ def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[in
             state.wrote(steps - 1)  # the graph moved the write pointers itself
         return out
 
-    return {g: max(0.0, timer.median_ms(run=_compiled(chain, lambda g=g: run(g)), reset=lambda: state.rollback(seq))
-                   - first_ms) for g in lengths}
+    chains = timer.medians_ms({g: _compiled(chain, lambda g=g: run(g)) for g in lengths},
+                              reset=lambda: state.rollback(seq))
+    return {g: max(0.0, ms - first_ms) for g, ms in chains.items()}
 
 
 @dataclass(frozen=True)
@@ -431,20 +457,21 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     ``compiled``: each step as ``--compile`` runs it (compiled over a static state; a step's first call, which
     compiles it, is in the timer's warm-up); raises :class:`CompiledFailed` when a step can't be compiled."""
     if compiled:
-        step = lambda model, b, s, n, role: compiled_step_latency_ms(model, b, s, n, timer, role)  # noqa: E731
+        steps = lambda model, b, s, ns, role: compiled_step_latencies_ms(model, b, s, ns, timer, role)  # noqa: E731
         head_step, ssd_step = compiled_head_step_latency_ms, compiled_ssd_step_latency_ms
     else:
-        step = lambda model, b, s, n, role: step_latency_ms(model, b, s, n, timer)  # noqa: E731
+        steps = lambda model, b, s, ns, role: step_latencies_ms(model, b, s, ns, timer)  # noqa: E731
         head_step, ssd_step = head_step_latency_ms, ssd_step_latency_ms
     # S ascending, and a chain right after the step at its S: a static state only grows, so a step or chain timed
     # after a longer S would run over that S's larger state (attention over its whole capacity)
     seqs = sorted(seqs)
     lengths = chain_lengths(gammas) if compiled else []  # --compile drafts a greedy chain in one graph
-    target_ms = {f"{s},{g}": step(target, 1, s, g, "target") for s in seqs for g in gammas}
+    # the verification sizes of each S side by side (Timer.medians_ms): their ratios are what schedules read
+    target_ms = {f"{s},{g}": ms for s in seqs for g, ms in steps(target, 1, s, gammas, "target").items()}
     draft_ms, draft_chain_ms = {}, {}
     for b in batches if draft else ():
         for s in seqs:
-            draft_ms[f"{b},{s}"] = step(draft, b, s, 1, "draft")
+            draft_ms[f"{b},{s}"] = steps(draft, b, s, [1], "draft")[1]
             draft_chain_ms.update({f"{b},{s},{g}": ms
                                    for g, ms in compiled_chain_latency_ms(draft, b, s, lengths, timer).items()})
     lm_head = target.get_output_embeddings()
