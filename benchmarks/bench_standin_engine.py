@@ -14,9 +14,9 @@ each, every turn's first block (the prefill) left out; each tree in its own proc
 the trees alternating round by round (``--rounds``), the drafters interleaved inside a process. Each tree's tokens
 are compared with the other's: greedy, they must be the same. ``--sampling`` samples at temperature 1 with top-p 0.9
 (seed 1); there the trees draw the same tokens only where their distributions agree (a tree from before issue 31's
-seventh session split tokens tied at the nucleus's edge). ``--tree width`` or ``dynamic`` drafts token trees (2 branches;
-or the profile's dynamic trees) instead of chains, where the target's rows a sampled tree's rule reads matter. Medians
-with the quartiles; the ratios are after/before of the medians. Exits 0 whatever it measures.
+seventh session split tokens tied at the nucleus's edge). ``--tree width`` or ``dynamic`` drafts token trees (2
+branches; or the profile's dynamic trees) instead of chains, where the target's rows a sampled tree's rule reads
+matter. Medians with the quartiles; the ratios are after/before of the medians. Exits 0 whatever it measures.
 
     git worktree add /tmp/before <commit>   # or: mkdir /tmp/before && git archive <commit> | tar -x -C /tmp/before
     python benchmarks/bench_standin_engine.py --before /tmp/before [--rounds 4]
