@@ -17,9 +17,11 @@
   the 4 more steps called one by one; a chain of 2 can cost more than one step. Timed at each γ = n − 1 ≥ 2 of the
   grid's n, right after the step at the same S (S ascending: a static state only grows).
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
-synchronized clock on CPU; every step of one S (the target's verification of each n, the draft's step of each B,
-each head's step; then the chains of each γ) side by side, a repeat of each in turn (:meth:`Timer.medians_ms`).
-The latency ratio used in Eq. (1) is c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
+synchronized clock on CPU; the sizes measured over one state (the target's verification of each n at an S, the
+chains of each γ) side by side, a repeat of each in turn (:meth:`Timer.medians_ms`). Each model's steps are timed
+apart from the other's: timed beside the target's, a small draft's step runs with its weights out of the caches
+and reads a c far above what a chain's steps cost (docs/BENCHMARKS.md). The latency ratio used in Eq. (1) is
+c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
 ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
 Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
 ``bench`` can report Eq. (1); with ``--compile`` every step is timed as a compiled decoding loop runs it
@@ -150,18 +152,6 @@ def default_seqs(context: int | None, largest_gamma: int) -> list[int]:
     return fitting if len(fitting) == len(STANDARD_SEQS) or longest in fitting else [*fitting, longest]
 
 
-@dataclass(frozen=True)
-class StateRuns:
-    """What is timed over one state: a call per size (keyed), and the reset that puts the state back before each."""
-
-    runs: dict[Any, Callable[[], Any]]
-    reset: Callable[[], None] = lambda: None
-
-    def keyed(self, name: Any) -> "StateRuns":
-        """The same calls keyed (``name``, key), to be timed beside other states' calls."""
-        return StateRuns({(name, key): run for key, run in self.runs.items()}, self.reset)
-
-
 class Timer:
     """Median wall time of a callable: CUDA events on a GPU, a synchronized clock on CPU."""
 
@@ -169,26 +159,24 @@ class Timer:
         self.device, self.warmup, self.repeat = torch.device(device), warmup, repeat
 
     def median_ms(self, run: Callable[[], None], reset: Callable[[], None] = lambda: None) -> float:
-        return self.medians_ms([StateRuns({None: run}, reset)])[None]
+        return self.medians_ms({None: run}, reset)[None]
 
-    def medians_ms(self, groups: Sequence[StateRuns]) -> dict[Any, float]:
-        """The median time of each call of ``groups`` (its state's reset before every call), timed side by side: each
-        is warmed up, then every repeat times each once, in turn, the order reversed every other round. A machine that
-        slows down or speeds up during the timing (another job, its clock) then reaches them alike, so their ratios,
-        which the schedules and Eq. (1) read (T_p(1, S, γ + 1) / T_p(1, S, 1), c = T_q / T_p), hold better than
-        timed one after the other."""
-        calls = [(key, run, group.reset) for group in groups for key, run in group.runs.items()]
-        if len({key for key, _, _ in calls}) != len(calls):
-            raise ValueError("Timer.medians_ms: two calls share a key")
-        for _, run, reset in calls:
+    def medians_ms(self, runs: Mapping[Any, Callable[[], None]],
+                   reset: Callable[[], None] = lambda: None) -> dict[Any, float]:
+        """The median time of each of ``runs`` (``reset`` before every call), timed side by side: each is warmed up,
+        then every repeat times each once, in turn, the order reversed every other round. A machine that slows down
+        or speeds up during the timing (another job, its clock) then reaches them alike, so their ratios, which the
+        schedules and Eq. (1) read (T_p(1, S, γ + 1) / T_p(1, S, 1)), hold better than timed one after the other."""
+        for run in runs.values():
             for _ in range(self.warmup):
                 reset()
                 self._time(run)
-        samples: dict[Any, list[float]] = {key: [] for key, _, _ in calls}
+        samples: dict[Any, list[float]] = {key: [] for key in runs}
+        keys = list(runs)
         for round_ in range(self.repeat):
-            for key, run, reset in calls if round_ % 2 == 0 else calls[::-1]:
+            for key in keys if round_ % 2 == 0 else keys[::-1]:
                 reset()
-                samples[key].append(self._time(run))
+                samples[key].append(self._time(runs[key]))
         return {key: statistics.median(times) for key, times in samples.items()}
 
     def _time(self, run: Callable[[], None]) -> float:
@@ -229,13 +217,6 @@ def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) 
 def step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int], timer: Timer) -> dict[int, float]:
     """:func:`step_latency_ms` for each n of ``counts``, over one prefix fed once, timed side by side
     (:meth:`Timer.medians_ms`)."""
-    return timer.medians_ms([step_runs(model, batch, seq, counts)])
-
-
-@torch.inference_mode()
-def step_runs(model, batch: int, seq: int, counts: Sequence[int]) -> StateRuns:
-    """A forward of each n of ``counts`` tokens per row after a cached prefix of ``seq`` (fed here, once), keyed n;
-    to be timed under inference mode."""
     prefix, steps = random_ids(model, batch, seq, max(counts))
     state = DynamicKV(config=model.config)
     fill(model, state, prefix)
@@ -245,39 +226,28 @@ def step_runs(model, batch: int, seq: int, counts: Sequence[int]) -> StateRuns:
         return lambda: model(input_ids=steps[:, :n], **with_cache(state.cache), use_cache=True, logits_to_keep=n,
                              position_ids=positions)
 
-    return StateRuns({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
+    return timer.medians_ms({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
 def head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
     """Median time of one draft-head step (its layer on one new entry after ``seq`` cached ones, then the
     target's LM head): what each drafted token of ``eagle``/``vispec``/``eagle3`` costs."""
-    return timer.medians_ms([head_step_runs(head, lm_head, seq)])[None]
-
-
-def _head_inputs(head, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random prefix of ``seq`` head entries (1, S, H) and one more entry (1, 1, H), the same for every ``seq``."""
-    weight = head.fc.weight
-    generator = torch.Generator().manual_seed(seq)
-    prefix = torch.randn(1, seq, head.input_width, generator=generator).to(weight.device, weight.dtype)
-    return prefix, torch.randn(1, 1, head.input_width, generator=generator).to(weight.device, weight.dtype)
-
-
-@torch.inference_mode()
-def head_step_runs(head, lm_head, seq: int) -> StateRuns:
-    """One draft-head step after ``seq`` cached entries (written here, once), keyed None."""
     from mmspec_cli.models.head import causal_mask
 
     weight = head.fc.weight
-    prefix, entry = _head_inputs(head, seq)
+    generator = torch.Generator().manual_seed(seq)
+    hidden = head.input_width
+    prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
+    entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
     state = DynamicKV(config=head.config)
     head.body(prefix, torch.arange(seq, device=weight.device)[None], causal_mask(seq, 0, weight.dtype, weight.device),
               state.cache)
     state.wrote(seq)
     position = torch.tensor([[seq]], device=weight.device)
     mask = causal_mask(1, seq, weight.dtype, weight.device)
-    return StateRuns({None: lambda: lm_head(head.body(entry, position, mask, state.cache))},
-                     reset=lambda: state.rollback(seq))
+    return timer.median_ms(run=lambda: lm_head(head.body(entry, position, mask, state.cache)),
+                           reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
@@ -322,15 +292,9 @@ def _static_state(module, purpose: str, needed: int):
 @torch.inference_mode()
 def compiled_step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int], timer: Timer,
                                role: str) -> dict[int, float]:
-    """:func:`step_latencies_ms` as ``--compile`` runs the step (:func:`compiled_step_runs`)."""
-    return timer.medians_ms([compiled_step_runs(model, batch, seq, counts, role)])
-
-
-@torch.inference_mode()
-def compiled_step_runs(model, batch: int, seq: int, counts: Sequence[int], role: str) -> StateRuns:
-    """:func:`step_runs` as ``--compile`` runs the step: the model's compiled forward (``compiled.compiled_forward``)
-    over its static state; a batch of B > 1 rows under the additive padding mask batched rows pass (all of a row's
-    prefix visible)."""
+    """:func:`step_latencies_ms` as ``--compile`` runs the step: the model's compiled forward
+    (``compiled.compiled_forward``) over its static state; a batch of B > 1 rows under the additive padding
+    mask batched rows pass (all of a row's prefix visible)."""
     from mmspec_cli.decoding.compiled import compiled_forward
     from mmspec_cli.drafters.rows import additive_step_mask
 
@@ -348,24 +312,21 @@ def compiled_step_runs(model, batch: int, seq: int, counts: Sequence[int], role:
         step = steps[:, :n].contiguous()
         return _compiled(compiled, lambda: compiled(state, step, positions, mask))
 
-    return StateRuns({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
+    return timer.medians_ms({n: forward(n) for n in counts}, reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
 def compiled_head_step_latency_ms(head, lm_head, seq: int, timer: Timer) -> float:
-    """:func:`head_step_latency_ms` as ``--compile`` runs it (:func:`compiled_head_step_runs`)."""
-    return timer.medians_ms([compiled_head_step_runs(head, lm_head, seq)])[None]
-
-
-@torch.inference_mode()
-def compiled_head_step_runs(head, lm_head, seq: int) -> StateRuns:
-    """:func:`head_step_runs` as ``--compile`` runs it: the head's compiled layer step over its static state, then the
-    target's LM head."""
+    """:func:`head_step_latency_ms` as ``--compile`` runs it: the head's compiled layer step over its static state,
+    then the target's LM head."""
     from mmspec_cli.drafters.head import compiled_head_step
     from mmspec_cli.models.head import causal_mask
 
     weight = head.fc.weight
-    prefix, entry = _head_inputs(head, seq)
+    generator = torch.Generator().manual_seed(seq)
+    hidden = head.input_width
+    prefix = torch.randn(1, seq, hidden, generator=generator).to(weight.device, weight.dtype)
+    entry = torch.randn(1, 1, hidden, generator=generator).to(weight.device, weight.dtype)
     state = _static_state(head, "head", seq + 1)
     head.body(prefix, torch.arange(seq, device=weight.device)[None],  # first write: eager
               state.fit_mask(causal_mask(seq, 0, weight.dtype, weight.device)), state.cache)
@@ -378,7 +339,7 @@ def compiled_head_step_runs(head, lm_head, seq: int) -> StateRuns:
         out = step(state, entry, position, mask)
         return None if out is None else lm_head(out[0])
 
-    return StateRuns({None: _compiled(step, run)}, reset=lambda: state.rollback(seq))
+    return timer.median_ms(run=_compiled(step, run), reset=lambda: state.rollback(seq))
 
 
 @torch.inference_mode()
@@ -427,8 +388,8 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
         first = cached.logits(prefix[0].tolist(), 1)[-1]
         graphs = compiled_chain(model, "greedy chain", cached.compiled, lambda: model_step(model))
         vocab = first.shape[-1]
-        return timer.medians_ms([StateRuns({g: _compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab))
-                                            for g in lengths}, reset=lambda: cached.rollback(seq))])
+        return timer.medians_ms({g: _compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab))
+                                 for g in lengths}, reset=lambda: cached.rollback(seq))
     rows = BatchedRows(model, None, kv="compiled")
     rows.begin([Row(ids=ids) for ids in prefix.tolist()])
     rows.reserve(max(lengths) + 1)
@@ -436,8 +397,8 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
     weights = torch.full((batch,), 1.0 / batch, dtype=torch.float64)
     first = (mixture(q_k, weights), q_k)
     vocab = q_k.shape[-1]
-    return timer.medians_ms([StateRuns({g: _compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab))
-                                        for g in lengths}, reset=lambda: rows.rollback(0))])
+    return timer.medians_ms({g: _compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab))
+                             for g in lengths}, reset=lambda: rows.rollback(0))
 
 
 @torch.inference_mode()
@@ -474,8 +435,8 @@ def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[in
             state.wrote(steps - 1)  # the graph moved the write pointers itself
         return out
 
-    chains = timer.medians_ms([StateRuns({g: _compiled(chain, lambda g=g: run(g)) for g in lengths},
-                                         reset=lambda: state.rollback(seq))])
+    chains = timer.medians_ms({g: _compiled(chain, lambda g=g: run(g)) for g in lengths},
+                              reset=lambda: state.rollback(seq))
     return {g: max(0.0, ms - first_ms) for g, ms in chains.items()}
 
 
@@ -497,41 +458,36 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
     one measurement is ``ssd``'s and ``ssd:plain``'s alike); ``target``/``draft`` are the loaded models.
     ``compiled``: each step as ``--compile`` runs it (compiled over a static state; a step's first call, which
     compiles it, is in the timer's warm-up); raises :class:`CompiledFailed` when a step can't be compiled."""
-    from mmspec_cli.drafters.head import head_logits
-
     if compiled:
-        steps = lambda model, b, s, ns, role: compiled_step_runs(model, b, s, ns, role)  # noqa: E731
-        head_step, ssd_step = compiled_head_step_runs, compiled_ssd_step_latency_ms
+        steps = lambda model, b, s, ns, role: compiled_step_latencies_ms(model, b, s, ns, timer, role)  # noqa: E731
+        head_step, ssd_step = compiled_head_step_latency_ms, compiled_ssd_step_latency_ms
     else:
-        steps = lambda model, b, s, ns, role: step_runs(model, b, s, ns)  # noqa: E731
-        head_step, ssd_step = head_step_runs, ssd_step_latency_ms
-    # S ascending, and a chain right after the steps at its S: a static state only grows, so a step or chain timed
+        steps = lambda model, b, s, ns, role: step_latencies_ms(model, b, s, ns, timer)  # noqa: E731
+        head_step, ssd_step = head_step_latency_ms, ssd_step_latency_ms
+    # S ascending, and a chain right after the step at its S: a static state only grows, so a step or chain timed
     # after a longer S would run over that S's larger state (attention over its whole capacity)
     seqs = sorted(seqs)
     lengths = chain_lengths(gammas) if compiled else []  # --compile drafts a greedy chain in one graph
-    lm_head = target.get_output_embeddings()
-    target_ms, draft_ms, draft_chain_ms = {}, {}, {}
-    head_ms, head_chains = {kind: {} for kind in heads or {}}, {kind: {} for kind in heads or {}}
-    for s in seqs:
-        # every step at this S side by side (Timer.medians_ms), each over its own state: the target's verification
-        # of each n, the draft's step for each batch, each head's step. Their ratios are what Eq. (1) and the
-        # schedules read (c = T_q / T_p, T_p(γ + 1) / T_p(1)).
-        groups = [steps(target, 1, s, gammas, "target").keyed("target")]
-        groups += [steps(draft, b, s, [1], "draft").keyed(("draft", b)) for b in (batches if draft else ())]
-        groups += [head_step(head, head_logits(head, lm_head), s).keyed(("head", kind))
-                   for kind, head in (heads or {}).items()]
-        with torch.inference_mode():
-            medians = timer.medians_ms(groups)
-        target_ms.update({f"{s},{g}": medians[("target", g)] for g in gammas})
-        for b in batches if draft else ():
-            draft_ms[f"{b},{s}"] = medians[(("draft", b), 1)]
+    # the verification sizes of each S side by side (Timer.medians_ms): their ratios are what schedules read
+    target_ms = {f"{s},{g}": ms for s in seqs for g, ms in steps(target, 1, s, gammas, "target").items()}
+    draft_ms, draft_chain_ms = {}, {}
+    for b in batches if draft else ():
+        for s in seqs:
+            draft_ms[f"{b},{s}"] = steps(draft, b, s, [1], "draft")[1]
             draft_chain_ms.update({f"{b},{s},{g}": ms
                                    for g, ms in compiled_chain_latency_ms(draft, b, s, lengths, timer).items()})
-        for kind, head in (heads or {}).items():
-            head_ms[kind][str(s)] = medians[(("head", kind), None)]
-            head_chains[kind].update({f"{s},{g}": ms for g, ms in
-                                      compiled_head_chain_latency_ms(head, lm_head, s, lengths, timer).items()})
-    head_chain_ms = {kind: chains for kind, chains in head_chains.items() if chains}
+    lm_head = target.get_output_embeddings()
+    from mmspec_cli.drafters.head import head_logits
+
+    head_ms, head_chain_ms = {}, {}
+    for kind, head in (heads or {}).items():
+        head_ms[kind], chains = {}, {}
+        for s in seqs:
+            head_ms[kind][str(s)] = head_step(head, head_logits(head, lm_head), s, timer)
+            chains.update({f"{s},{g}": ms
+                           for g, ms in compiled_head_chain_latency_ms(head, lm_head, s, lengths, timer).items()})
+        if chains:
+            head_chain_ms[kind] = chains
     ssd_ms, ssd_setting = {}, None
     if ssd is not None:
         from mmspec_cli.choices import SSD_PLAIN
