@@ -19,8 +19,8 @@
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU; the sizes measured over one state (the target's verification of each n at an S, the
 chains of each γ) side by side, a repeat of each in turn (:meth:`Timer.medians_ms`). Each model's steps are timed
-apart from the other's: timed beside the target's, a small draft's step runs with its weights out of the caches
-and reads a c far above what a chain's steps cost (docs/BENCHMARKS.md). The latency ratio used in Eq. (1) is
+apart from the other's: timed beside the target's, the demo draft's step read a c far above what a chain's steps
+cost, probably with its weights out of the caches after each target forward (docs/BENCHMARKS.md). The latency ratio used in Eq. (1) is
 c = T_q(B, S, 1) / T_p(1, S, γ): γ draft steps plus one verification make a block; a head's
 ratio is T_h(S) / T_p(1, S, γ), ssd's T_s(S) / T_p(1, S, γ).
 Results are cached as JSON per device (on a CPU: with its thread count) and model pair, so
