@@ -82,7 +82,9 @@ CONSTANT_GAMMAS = range(1, 9)
 SUITES = ("demo-story", "demo-followup")  # the demo suites with the longest prompts (110-175 tokens)
 GAMMA = 5  # the demo profile's γ, used by every figure
 ALL_FIGURES = (1, 2, 3, 4, 5, 6, 7)
-LATENCY_ARGS = "--seq 128,256 --gammas 1,2,3,4,5,6,7,8,9 --batch 1,2 --repeat 10"
+# 40 repeats: the profile's time is mostly compiling, and with 10 its ratios moved between runs of the same code
+# (T(6)/T(1) 1.13-1.36; with 40, 1.31 in two runs: docs/BENCHMARKS.md, ninth session)
+LATENCY_ARGS = "--seq 128,256 --gammas 1,2,3,4,5,6,7,8,9 --batch 1,2 --repeat 40"
 
 
 # ----------------------------------------------------------------------------------------------------------------
