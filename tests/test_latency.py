@@ -147,6 +147,9 @@ def test_cli_table_output_names_the_remarks(profile_file, tmp_path, monkeypatch)
                                       "--seq", "8", "--gamma", "1,2", "--repeat", "1", "--tau", "2.0"])
     assert result.exit_code == 0, result.output
     assert "Remark 1" in result.stdout and "Eq. (1)" in result.stdout and "saved to" in result.stdout
+    # each table's title on a line of its own, whole however narrow the table (rich wraps a title to its table)
+    assert "Latency ratio c = one draft step / T_p(1, S=8, γ) (c: T_q(B=1, S=8, 1)) and Eq. (1) τ/(γc+1)" in \
+        result.stdout.splitlines()
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -304,14 +304,14 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
                             {kind: (lambda s, k=kind: result.head_ms[k][str(s)]) for kind in result.head_ms}))
     chains = _chain_rows(result)
     if chains:
-        table = Table(title="T_chain ms: a greedy chain of γ tokens in ONE compiled graph (--compile's drafting, "
-                            "after its catch-up step)")
+        table = Table()
         table.add_column("chain")
         for s in result.seqs:
             table.add_column(f"S={s}", justify="right")
         for name, per_seq in chains.items():
             table.add_row(name, *(f"{per_seq[s]:.2f}" for s in result.seqs))
-        console.print(table)
+        console.print(_titled("T_chain ms: a greedy chain of γ tokens in ONE compiled graph (--compile's drafting, "
+                              "after its catch-up step)", table))
     shown_ssd = _distinct_ssd(result)
     if shown_ssd:
         layer = result.ssd["layer"]
@@ -323,8 +323,7 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
         console.print(f"Remark {r.remark} ({r.statement}): worst |ΔT/T| = {r.worst:.1%} -> {verdict} here")
     steps = ([f"c: T_q(B={batch}, S={seq}, 1)"] if ratios else []) + \
         ([f"c <kind> head: T_h(S={seq})"] if head_ratios else []) + ([f"c ssd: T_s(S={seq})"] if shown_ssd else [])
-    eq1 = Table(title=f"Latency ratio c = one draft step / T_p(1, S={seq}, γ) ({'; '.join(steps)}) "
-                      f"and Eq. (1) τ/(γc+1)")
+    eq1 = Table()
     eq1.add_column("γ", justify="right")
     if ratios:
         eq1.add_column("c", justify="right")
@@ -338,7 +337,8 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
         cells = ([f"{ratios[g]:.3f}"] if ratios else []) + [f"{head_ratios[k][g]:.3f}" for k in head_ratios] + \
             [f"{ssd_ratios[n][g]:.3f}" for n in shown_ssd]
         eq1.add_row(str(g), *cells, *(f"{speedups[name][g]:.2f}x" for name in speedups))
-    console.print(eq1)
+    console.print(_titled(f"Latency ratio c = one draft step / T_p(1, S={seq}, γ) ({'; '.join(steps)}) and Eq. (1) "
+                          f"τ/(γc+1)", eq1))
     if not taus:
         console.print("pass --tau X or --results bench.jsonl to see expected speedups", style="dim")
     if path is not None:
@@ -371,16 +371,25 @@ def _chain_rows(result) -> dict[str, dict[int, float]]:
 
 
 def _grid(title: str, seqs, columns: dict):
-    """A table with a row per prefix length S and a column per ``columns`` entry (name -> S -> ms)."""
+    """A table with a row per prefix length S and a column per ``columns`` entry (name -> S -> ms), under ``title``."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table()
     table.add_column("S")
     for name in columns:
         table.add_column(name, justify="right")
     for s in seqs:
         table.add_row(str(s), *(f"{value(s):.2f}" for value in columns.values()))
-    return table
+    return _titled(title, table)
+
+
+def _titled(title: str, table):
+    """``table`` under ``title`` on a line of its own: rich wraps a table's own title to the table's width, which cut
+    the Eq. (1) table's (two columns wide) into a column of single words."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(title, style="italic"), table)
 
 
 def _plot(result, path: Path) -> None:
