@@ -75,10 +75,11 @@ def top_log_probabilities(probs: torch.Tensor, k: int,
                           floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` likeliest tokens of each row of ``probs`` (n, V) and the float64 log of their probabilities (floored
     at ``floor``): the top k of the log of the whole rows, with k logs taken instead of V. A probability in float32
-    or bfloat16 is exactly a float64, and the float64 log keeps the order of two such numbers and their equality (a
-    float32 step is about 10^8 of the log's), so the same comparisons pick the same ids, ties included; over a real
-    vocabulary the log of whole rows cost more than the rest of a dynamic tree's drafting (a float64 row's entries
-    within a few rounding steps of each other may tie or swap under the log)."""
+    or bfloat16 is exactly a float64, and the float64 log keeps the order of two such numbers and their equality
+    (two float32 numbers differ by at least 2^-24 of their size, which moves their logs apart by millions of the
+    log's rounding steps), so the same comparisons pick the same ids, ties included; over a real vocabulary the log
+    of whole rows cost more than the rest of a dynamic tree's drafting (a float64 row's entries within a few
+    rounding steps of each other may tie or swap under the log)."""
     top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     values = top.values.to(torch.float64)
     return (values if floor is None else values.clamp_min(floor)).log(), top.indices
