@@ -147,17 +147,17 @@ def test_a_tree_shapes_only_the_branch_it_follows():
         draft_probs = torch.stack([q.expand(2, -1), seconds], dim=1)  # (d, 2, V)
         branch_probs = torch.stack([torch.stack([target.probs(branches[j:j + 1, :t + 1])[0] for t in range(2)])
                                     for j in range(2)])  # (d, 2, V)
-        asked: list[int] = []
+        asked: list[list[int]] = []
 
-        def followed(j: int) -> torch.Tensor:
-            asked.append(j)
-            return branch_probs[j]
+        def followed(js: torch.Tensor) -> torch.Tensor:
+            asked.append(js.tolist())
+            return branch_probs[js]
 
         lazy, whole = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
         verdict = verify_tree_sampling(branches, draft_probs, p, followed, lazy)
         assert verdict == verify_tree_sampling(branches, draft_probs, p, branch_probs, whole)
         assert torch.equal(lazy.get_state(), whole.get_state())
-        assert asked == ([verdict.branch] if verdict.accepted else [])
+        assert asked == ([[verdict.branch]] if verdict.accepted else [])
 
 
 def test_draws_without_replacement_come_in_draw_order():

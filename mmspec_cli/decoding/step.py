@@ -190,8 +190,8 @@ class BlockStep:
             outcome = verify_tree_greedy(tokens, root, branches)
         else:
             outcome = verify_tree_sampling(tokens, tree.branch_probs(), picker.distribution(root),
-                                           lambda j: picker.distribution(branches[j]),  # the followed branch only
-                                           picker.generator)
+                                           lambda at: picker.distribution(branches[at.to(branches.device)]),
+                                           picker.generator)  # the followed branch only
         followed = tree.branch(outcome.branch)
         return list(followed.nodes[: outcome.accepted]), outcome.next_token, followed
 

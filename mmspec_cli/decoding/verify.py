@@ -126,7 +126,7 @@ def target_rows(probs: torch.Tensor | TargetRows) -> TargetRows:
     """``probs`` as the function of (blocks, rows) it stands for: a tensor (N, rows, ...) is indexed."""
     if callable(probs):
         return probs
-    return lambda blocks, rows: probs[blocks.to(probs.device), rows.to(probs.device)]
+    return lambda blocks, rows: _rows(probs, blocks, rows)
 
 
 def _at_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -230,15 +230,14 @@ def recursive_rejection_batch(candidates: torch.Tensor, q: torch.Tensor, p: torc
 
 
 def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root_probs: torch.Tensor,
-                         branch_probs: torch.Tensor | Callable[[int], torch.Tensor],
+                         branch_probs: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],
                          generator: torch.Generator) -> TreeVerdict:
     """Multi-draft speculative sampling of one tree: :func:`verify_tree_sampling_batch` with N = 1.
 
-    branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V), or a function of a branch
-    index giving that branch's (γ, V), called for the followed branch only.
+    branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V), or a function of branch
+    indices (k,) giving those branches' (k, γ, V), called for the followed branch only.
     """
-    rows = branch_probs[None] if not callable(branch_probs) else (
-        lambda blocks, followed: torch.stack([branch_probs(int(j)) for j in followed]))
+    rows = branch_probs[None] if not callable(branch_probs) else (lambda blocks, followed: branch_probs(followed))
     branch, accepted, next_token = verify_tree_sampling_batch(branches[None], draft_probs[None], root_probs[None],
                                                               rows, generator)
     return TreeVerdict(branch=int(branch[0]), accepted=int(accepted[0]), next_token=int(next_token[0]))
