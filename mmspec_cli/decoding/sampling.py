@@ -273,7 +273,7 @@ class TokenPicker:
 def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
     """Up to ``k`` distinct ids drawn one after another from ``probs`` (V,), each from what is left,
     renormalised; fewer when the support is smaller. The order is the draw order."""
-    remaining = probs.detach().to("cpu", torch.float64).clone()
+    remaining = probs.detach().to("cpu", torch.float64, copy=True)  # its own: written below
     out: list[int] = []
     while len(out) < k and remaining.sum() > 0:
         token = int(draw_ids(remaining / remaining.sum(), generator))
