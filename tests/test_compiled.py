@@ -348,8 +348,9 @@ def test_compiled_greedy_is_the_targets_own_for_chains_trees_and_heads(compiled,
 
 @pytest.mark.parametrize("drafter", ["m", "t", "tabed", "eagle", "vispec", "eagle3"])
 def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_does(compiled, first_turn, drafter):
-    """Compiled, a draft model's greedy chain after its first token (``compiled_greedy_chain``), a batch of member
-    rows' mixed chain after its first token (``rows.mixture_chain``, ``tabed``) and a head's whole greedy chain
+    """Compiled, a draft model's greedy chain (``compiled_greedy_chain``), a batch of member rows' mixed chain
+    (``rows.mixture_chain``, ``tabed``), each after its first token or feeding the one verified token it lacks
+    first (its lead), and a head's whole greedy chain
     (``greedy_chain``) are ONE graph each: every block's draft (and ``tabed``'s weights, chosen from the member
     distributions the chain returns) equals the eager step-by-step chain's
     over the same static state, over two turns, and the keys the draft's state holds at the end (rotated by the
@@ -373,16 +374,22 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
     assert drafts["compiled"] == drafts["static"]
     assert tokens["compiled"] == tokens["static"] == run(target, drafter, draft, heads=compiled["heads"])  # dynamic
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(keys["compiled"], keys["static"], strict=True))
-    # the compiled decoder's chain of γ tokens ran as one graph (its length is the fourth argument's value)
+    # the compiled decoder's chain of γ tokens ran as one graph (its length is the fifth argument's value)
     chain = holder.chain if hasattr(holder, "chain") else decoder.drafter.graphs
-    assert any(key[3] == (int, GAMMA) for key in chain.traced)
+    assert any(key[4] == (int, GAMMA) for key in chain.traced)
+    none = compiled_module.trace_key((None,))[0]
     if head is not None:  # a head's graph makes its first proposal too (no eager LM head call in a block)
-        assert chain.traced and all(key[0] == compiled_module.trace_key((None,))[0] for key in chain.traced)
+        assert chain.traced and all(key[0] == none and key[1] == none for key in chain.traced)
+    else:  # the verified tokens the draft lacks are fed in the graph (the lead): one after a rejected draft, two
+        # after a block that accepted every draft (its last, never fed, and the target's token)
+        leads = {key[1][1] for key in chain.traced if key[0] == none and key[1][0] == "tensor"}
+        assert leads == {(1,), (2,)}
 
 
-def test_a_chain_given_no_first_proposal_makes_it_from_the_carry_or_says_it_cannot():
+def test_a_chain_given_no_first_proposal_makes_it_from_the_carry_or_its_lead_or_says_it_cannot():
     """``draft_chain(step, None, carry, ...)``: the first proposal from ``DraftStep.first_of(carry)`` (a head's LM
-    head over its last output); a step without one is refused in one line, not called as None."""
+    head over its last output), or from feeding its ``lead`` (``DraftStep.catch_up``); a step without the one it
+    needs is refused in one line, not called as None."""
     from mmspec_cli.decoding.chain import DraftStep, draft_chain
     from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 
@@ -395,6 +402,17 @@ def test_a_chain_given_no_first_proposal_makes_it_from_the_carry_or_says_it_cann
     assert tokens == [3, 2, 1]
     with pytest.raises(TypeError, match="^draft_chain was given no first proposal, and its DraftStep has no first_of"):
         draft_chain(DraftStep(feed), None, torch.tensor([0.0, 0, 0, 5]), 3, greedy)
+    # a lead (the verified tokens the state lacks) is fed eagerly by the step's catch-up, in one call, first
+    fed = []
+
+    def catch_up(lead, carry):
+        fed.append(list(lead))
+        return feed(lead[-1], carry, -1)
+
+    tokens, _ = draft_chain(DraftStep(feed, catch_up=catch_up), None, None, 2, greedy, lead=[1, 3])
+    assert tokens == [2, 1] and fed == [[1, 3]]
+    with pytest.raises(TypeError, match="^draft_chain was given a lead, and its DraftStep has no catch_up"):
+        draft_chain(DraftStep(feed), None, None, 2, greedy, lead=[3])
 
 
 @pytest.mark.parametrize("drafter", ["m", "eagle"])

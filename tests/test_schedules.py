@@ -125,6 +125,10 @@ def test_a_chain_drafted_in_one_compiled_graph_is_priced_as_measured_not_as_gamm
     assert chained.drafting(64, 1) == 1.0 and chained.drafting(64, 0) == steps.drafting(64, 0) == 0.0  # γ = 0: none
     assert chained.drafting(64, 4) == pytest.approx(1.0 + 0.8) and chained.drafting(64, 3) == pytest.approx(1.6)
     assert block_ms(chained, 64, 4) == pytest.approx(1.8 + LINEAR.verify(64, 5))
+    # a chain that feeds the catch-up itself (a draft model's lead) is the block's whole drafting from γ = 2 on
+    leading = StepCosts(LINEAR.verify_ms, {64: 1.0}, {(64, 2): 0.4, (64, 4): 0.8, (64, 6): 1.2}, chain_leads=True)
+    assert leading.drafting(64, 1) == 1.0 and leading.drafting(64, 4) == pytest.approx(0.8)
+    assert leading.prices(64)[4] == pytest.approx(0.8 + LINEAR.verify(64, 5))
     assert best_gamma(steps, 64, 0.85) < best_gamma(chained, 64, 0.85)
 
 
@@ -291,6 +295,11 @@ def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():
     assert step_costs(compiled, "eagle").chain_ms == {(64, 2): 0.2}
     assert step_costs(compiled, "ssd:plain", ssd_layer=2).chain_ms == {}  # its steps are called one by one
     assert step_costs(compiled, "m", greedy=False).chain_ms == {}  # a sampled chain is drafted step by step
+    # a cache from before the draft model's chains fed their catch-up: step then chain, as they ran then
+    assert not step_costs(compiled, "m").chain_leads and step_costs(compiled, "m").drafting(64, 2) == 1.5
+    leading = dataclasses.replace(compiled, draft_chains_lead=True)  # profile-latency's chains now
+    assert step_costs(leading, "m").drafting(64, 2) == 0.5 and step_costs(leading, "tabed").drafting(64, 2) == 0.75
+    assert step_costs(leading, "eagle").drafting(64, 2) == pytest.approx(0.25 + 0.2)  # a head's catch-up: its own
 
 
 def test_cost_schedule_without_cached_costs_says_what_to_run(tmp_path, monkeypatch, tiny_dirs):

@@ -10,12 +10,12 @@
   drafter's own code (``drafters/ssd.early_exit_logits``). ``ssd`` never runs the draft model,
   so the draft model's T_q says nothing about it.
 - with ``--compile``, T_chain(B, S, γ) and a head's T_hc(S, γ): a greedy chain of γ tokens as ``--compile`` drafts it,
-  ONE compiled graph that feeds γ − 1 of them (the draft model's, or a batch of B member rows', through the drafters'
-  own ``run_chain``; a head's, as its drafter calls it, at text positions and without ViSpec's image feature, as
-  T_h is). A block's drafting is one step (the catch-up) and then that chain: what ``--gamma-schedule cost`` prices
-  (:class:`~mmspec_cli.decoding.schedules.StepCosts`). On the demo draft a chain of 5 costs 0.48 ms against 1.2 ms for
-  the 4 more steps called one by one; a chain of 2 can cost more than one step. Timed at each γ = n − 1 ≥ 2 of the
-  grid's n, right after the step at the same S (S ascending: a static state only grows).
+  in ONE compiled graph. The draft model's (or a batch of B member rows', through the drafters' own ``run_chain``)
+  feeds its catch-up first, the one verified token a block after a rejection lacks (its *lead*), then γ − 1 of the
+  chosen tokens: a block's whole drafting. A head's (as its drafter calls it, at text positions and without ViSpec's
+  image feature, as T_h is) feeds γ − 1, after the catch-up step T_h that feeds the target's features. That is what
+  ``--gamma-schedule cost`` prices (:class:`~mmspec_cli.decoding.schedules.StepCosts`). Timed at each γ = n − 1 ≥ 2
+  of the grid's n, right after the step at the same S (S ascending: a static state only grows).
 Each is timed after a warm-up as the median of repeats, with CUDA events on a GPU or a
 synchronized clock on CPU; the sizes measured over one state (the target's verification of each n at an S, the
 chains of each γ) side by side, a repeat of each in turn (:meth:`Timer.medians_ms`). Each model's steps are timed
@@ -76,6 +76,9 @@ class LatencyResult:
     compiled: bool = False  # timed as ``--compile`` runs them: each step compiled over its static state
     draft_chain_ms: dict[str, float] = field(default_factory=dict)  # "B,S,γ" -> ms of T_chain(B, S, γ) (compiled)
     head_chain_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # head kind -> "S,γ" -> ms (compiled)
+    # whether draft_chain_ms feed their catch-up's token first, as the draft model's chains now do (a cache written
+    # before they did holds chains after a separate catch-up step, and is priced so: StepCosts.chain_leads)
+    draft_chains_lead: bool = False
 
     def t_p(self, seq: int, gamma: int) -> float:
         return self.target_ms[f"{seq},{gamma}"]
@@ -370,9 +373,10 @@ def chain_lengths(gammas: Sequence[int]) -> list[int]:
 def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int],
                               timer: Timer) -> dict[int, float]:
     """T_chain(B, S, γ) for each γ of ``lengths``: a greedy chain of γ tokens as ``--compile`` drafts it after ``seq``
-    held tokens (fed once for all of them), ONE graph feeding γ − 1 of them: one row through
-    ``CachedModel.run_chain`` (``single.model_step``, as ``m`` and ``t`` draft), B > 1 member rows through
-    ``BatchedRows.run_chain`` (their mixture, as ensembles draft)."""
+    held tokens (fed once for all of them), ONE graph feeding one verified token first (the lead a block after a
+    rejection feeds: its catch-up) and then γ − 1 of the chosen: one row through ``CachedModel.run_chain``
+    (``single.model_step``, as ``m`` and ``t`` draft), B > 1 member rows through ``BatchedRows.run_chain`` (their
+    mixture, as ensembles draft)."""
     from mmspec_cli.decoding.compiled import compiled_chain
     from mmspec_cli.decoding.kv import CachedModel
     from mmspec_cli.drafters.rows import BatchedRows, Row
@@ -382,22 +386,20 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
     if not lengths:
         return {}
     prefix, _ = random_ids(model, batch, seq, 1)
+    lead = [int(prefix[0, -1])]  # any id: the chain feeds it after the held tokens
     if batch == 1:
         cached = CachedModel(model, role="draft", image_token_id=None, kv="compiled")
         cached.reserve(seq + max(lengths) + 1)
-        first = cached.logits(prefix[0].tolist(), 1)[-1]
+        vocab = cached.logits(prefix[0].tolist(), 1).shape[-1]
         graphs = compiled_chain(model, "greedy chain", cached.compiled, lambda: model_step(model))
-        vocab = first.shape[-1]
-        return timer.medians_ms({g: _compiled(graphs, lambda g=g: cached.run_chain(graphs, first, g, vocab))
+        return timer.medians_ms({g: _compiled(graphs, lambda g=g: cached.run_chain(graphs, None, lead, g, vocab))
                                  for g in lengths}, reset=lambda: cached.rollback(seq))
     rows = BatchedRows(model, None, kv="compiled")
     rows.begin([Row(ids=ids) for ids in prefix.tolist()])
     rows.reserve(max(lengths) + 1)
-    q_k = torch.softmax(rows.logits([]).float(), dim=-1)  # (B, V)
+    vocab = rows.logits([]).shape[-1]
     weights = torch.full((batch,), 1.0 / batch, dtype=torch.float64)
-    first = (mixture(q_k, weights), q_k)
-    vocab = q_k.shape[-1]
-    return timer.medians_ms({g: _compiled(rows.chain, lambda g=g: rows.run_chain(first, g, weights, vocab))
+    return timer.medians_ms({g: _compiled(rows.chain, lambda g=g: rows.run_chain(None, lead, g, weights, vocab))
                              for g in lengths}, reset=lambda: rows.rollback(0))
 
 
@@ -430,7 +432,7 @@ def compiled_head_chain_latency_ms(head, lm_head, seq: int, lengths: Sequence[in
 
     def run(steps: int):
         positions = torch.arange(seq, seq + steps - 1, device=weight.device)[None]
-        out = chain(None, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
+        out = chain(None, None, h[None], positions, steps, *chain_params(head, lm_head, None), state.cache)
         if out is not None:
             state.wrote(steps - 1)  # the graph moved the write pointers itself
         return out
@@ -500,7 +502,7 @@ def measure(target, draft, target_name: str, draft_name: str, batches: Sequence[
                        "imitation_weights": weights_fingerprint(named) if named else None}
     return LatencyResult(device_name(target.device), target_name, draft_name, target_ms, draft_ms,
                          target_revision, draft_revision, head_ms, ssd_ms, ssd_setting, compiled, draft_chain_ms,
-                         head_chain_ms)
+                         head_chain_ms, draft_chains_lead=True)
 
 
 @dataclass(frozen=True)
@@ -637,7 +639,8 @@ def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[st
         per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
         chains = {key.split(",", 1)[1]: ms for key, ms in result.draft_chain_ms.items() if key.split(",")[0] == batch}
     chain_ms = {(int(s), int(g)): ms for key, ms in chains.items() for s, g in [key.split(",")]} if greedy else {}
-    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}, chain_ms) if per_seq else None
+    leads = result.draft_chains_lead and drafter not in HEAD_KINDS
+    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}, chain_ms, leads) if per_seq else None
 
 
 def profile_argument(profile) -> str:

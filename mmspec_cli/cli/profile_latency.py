@@ -310,8 +310,9 @@ def _print_tables(result, remarks, ratios, head_ratios, ssd_ratios, speedups, ta
             table.add_column(f"S={s}", justify="right")
         for name, per_seq in chains.items():
             table.add_row(name, *(f"{per_seq[s]:.2f}" for s in result.seqs))
-        console.print(_titled("T_chain ms: a greedy chain of γ tokens in ONE compiled graph (--compile's drafting, "
-                              "after its catch-up step)", table))
+        console.print(_titled("T_chain ms: a greedy chain of γ tokens in ONE compiled graph (--compile's drafting: "
+                              "a draft model's feeds its catch-up token first; a head's follows its catch-up step)",
+                              table))
     shown_ssd = _distinct_ssd(result)
     if shown_ssd:
         layer = result.ssd["layer"]

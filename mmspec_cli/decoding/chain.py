@@ -4,7 +4,10 @@ Every drafter that drafts a chain with a network (a draft model, a batch of memb
 head, the target's early exit) writes one *draft step*, :class:`DraftStep`: what one forward gives for
 one token fed after its state. The first proposal of a block comes from the drafter's catch-up (the
 forward that feeds the verified tokens its state lacks), or from what it carries (a head's last output, through
-its LM head: :attr:`DraftStep.first_of`); then
+its LM head: :attr:`DraftStep.first_of`). In a block after a turn's first, what a draft model's state lacks is one
+verified token (the block before rejected a draft) or two (it accepted every one: the last draft, never fed, and
+the target's token): that *lead* is handed to :func:`draft_chain`, which feeds it in the chain's own graph when
+compiled, so that the block makes no eager forward for it; then
 
     token₁ = choose(proposal₀); proposal₁ = step(token₁); token₂ = choose(proposal₁); ...
 
@@ -82,36 +85,45 @@ def picker_choice(picker: TokenPicker, from_logits: bool) -> Callable[[Any], tup
 class DraftStep:
     """One drafter kind's draft step, as :func:`draft_chain` runs it.
 
-    - ``feed(token, carry, i)``: feed one token eagerly after the owner's state (its bookkeeping included); the
-      next proposal and carry;
+    - ``feed(token, carry, i)``: feed the chain's i-th chosen token eagerly after the owner's state (its
+      bookkeeping included); the next proposal and carry;
     - ``from_logits``: whether proposals are logits (else distributions);
-    - ``compiled(first, carry, steps)``: the whole greedy chain in one compiled graph (the tokens, and what was
-      kept of each proposal: a list, or the graph's own stacked tensor, a row per proposal), the owner's
-      bookkeeping included; None when it can't run now (not compiled, a state not allocated yet, compiling
-      failed): the loop then runs eagerly;
+    - ``compiled(first, lead, carry, steps)``: the whole greedy chain in one compiled graph (the tokens, and what
+      was kept of each proposal: a list, or the graph's own stacked tensor, a row per proposal), the lead fed
+      first when there is one, the owner's bookkeeping included; None when it can't run now (not compiled, a
+      state not allocated yet, compiling failed): the loop then runs eagerly;
     - ``first_of(carry)``: for a step whose catch-up leaves only its carry (a head: its last output), the first
       proposal from it (the head's LM head). :func:`draft_chain` is then given no ``first``: the eager loop calls
       this, and a compiled chain computes the same inside its graph (``first`` None), so that the block makes no
-      eager call for it.
+      eager call for it;
+    - ``catch_up(lead, carry)``: for a step that takes a lead, feed it eagerly in one forward (the drafter's
+      catch-up); the first proposal and carry.
     """
 
     feed: Callable[[Any, Any, int], tuple[Any, Any]]
     from_logits: bool = True
-    compiled: Callable[[Any, Any, int], tuple[list[int], Any] | None] | None = None
+    compiled: Callable[[Any, list[int] | None, Any, int], tuple[list[int], Any] | None] | None = None
     first_of: Callable[[Any], Any] | None = None
+    catch_up: Callable[[list[int], Any], tuple[Any, Any]] | None = None
 
 
-def draft_chain(step: DraftStep, first: Any, carry: Any, gamma: int,
-                picker: TokenPicker) -> tuple[list[int], list[Any]]:
+def draft_chain(step: DraftStep, first: Any, carry: Any, gamma: int, picker: TokenPicker,
+                lead: list[int] | None = None) -> tuple[list[int], list[Any]]:
     """A chain of ``gamma`` tokens from ``step``: in one compiled graph when greedy and the step has one that can run
     now, else :func:`chain_loop` eagerly. ``first`` is the proposal after the held tokens, or None for a step that
-    makes it from the carry (:attr:`DraftStep.first_of`). Returns the tokens and what was kept of each proposal (the
-    distribution a sampled token was drawn from, an ensemble's member distributions)."""
+    makes it from the carry (:attr:`DraftStep.first_of`) or from ``lead``: the verified tokens the state lacks,
+    fed before the chain (:attr:`DraftStep.catch_up` eagerly; a compiled chain feeds them inside its graph).
+    Returns the tokens and what was kept of each proposal (the distribution a sampled token was drawn from, an
+    ensemble's member distributions)."""
     if picker.greedy and step.compiled is not None and gamma > 1:
-        out = step.compiled(first, carry, gamma)
+        out = step.compiled(first, lead, carry, gamma)
         if out is not None:
             return out
-    if first is None:
+    if lead is not None:
+        if step.catch_up is None:
+            raise TypeError("draft_chain was given a lead, and its DraftStep has no catch_up to feed it")
+        first, carry = step.catch_up(lead, carry)
+    elif first is None:
         if step.first_of is None:
             raise TypeError("draft_chain was given no first proposal, and its DraftStep has no first_of to make one")
         first = step.first_of(carry)

@@ -403,25 +403,33 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     builds, in ONE graph per chain length. The step is a function of ``owner``'s parts (the rules of
     :func:`shared_step`): ``step(token, carry, position, *params) -> (proposal, carry)`` feeds one chosen token
     (1,) at ``position`` (the chain's positions sliced for it) and returns the next proposal. The graph is called
-    ``(first, carry, positions, steps, *params)``: ``first`` the proposal after the held tokens, ``positions`` those
-    of the ``steps`` − 1 tokens it feeds; it returns the (steps,) tokens and, when proposals are pairs, what each
-    kept (steps, ...). ``make_first`` builds ``first(carry, *params)``, the first proposal from the carry (a head's
-    LM head over its last output): called with ``first`` None, the graph computes it itself (the same key for
-    every such call: None is keyed by value); a chain made without it must be given ``first``, and the first
-    ``make_first`` given for ``owner`` and ``name`` is the one kept (:func:`~mmspec_cli.drafters.head.head_chain`
-    makes every head's chain). It shares ``step``'s failure: a model whose step can't be compiled
-    drafts its chains step by step, eager, and is named once."""
+    ``(first, lead, carry, positions, steps, *params)``: ``first`` the proposal after the held tokens;
+    ``lead`` None, or the verified tokens (n,) the state lacks, which the graph feeds first, in one step, and
+    proposes from (``first`` is then None: :func:`~mmspec_cli.decoding.chain.draft_chain`'s ``lead``; the step
+    then takes (n,) tokens at n positions); ``positions`` those of the tokens it feeds (the lead's first, then the
+    ``steps`` − 1 chosen ones'); it returns the (steps,)
+    tokens and, when proposals are pairs, what each kept (steps, ...). ``make_first`` builds
+    ``first(carry, *params)``, the first proposal from the carry (a head's LM head over its last output): called
+    with ``first`` and ``lead`` None, the graph computes it itself (the same key for every such call: None is
+    keyed by value); a chain made without it must be given ``first`` or ``lead``, and the first ``make_first``
+    given for ``owner`` and ``name`` is the one kept (:func:`~mmspec_cli.drafters.head.head_chain` makes every
+    head's chain). It shares ``step``'s failure: a model whose step can't be compiled drafts its chains step by
+    step, eager, and is named once."""
 
     def make() -> Callable:
         draft_step = make_step()
         first_of = make_first() if make_first is not None else None
 
-        def chain(first, carry, positions, steps, *params):
-            if first is None:  # resolved when traced: None is part of the graph's key
+        def chain(first, lead, carry, positions, steps, *params):
+            fed = 0  # positions used so far; resolved when traced: None and the lead's shape are the graph's key
+            if lead is not None:
+                fed = lead.shape[0]
+                first, carry = draft_step(lead, carry, positions[..., :fed], *params)
+            elif first is None:
                 first = first_of(carry, *params)
 
             def feed(token, carry, i):
-                return draft_step(token, carry, positions[..., i:i + 1], *params)
+                return draft_step(token, carry, positions[..., fed + i:fed + i + 1], *params)
 
             tokens, kept = chain_loop(first, carry, feed, steps, greedy_choice)
             if kept[0] is None:

@@ -285,24 +285,29 @@ class CachedModel:
         return logits
 
     @torch.inference_mode()
-    def run_chain(self, graphs: CompiledGraphs, first: torch.Tensor, steps: int, *params) -> list[int] | None:
+    def run_chain(self, graphs: CompiledGraphs, first: torch.Tensor | None, lead: list[int] | None, steps: int,
+                  *params) -> list[int] | None:
         """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of ``graphs``
-        (:func:`~mmspec_cli.decoding.compiled.compiled_chain`), from ``first``, the logits after the held ids: the
-        graph feeds every token but the last after the held ids, at the chain's positions, and moves the state's
-        write pointers itself. The tokens; None (nothing fed) when it can't run now: a draft head's features kept, a
-        tree pending, the state not allocated yet, or compiling failed (the caller runs the chain eagerly)."""
+        (:func:`~mmspec_cli.decoding.compiled.compiled_chain`), from ``first``, the logits after the held ids, or
+        from feeding ``lead`` (the verified tokens not held yet) first: the graph feeds the lead and every token
+        but the last after the held ids, at the chain's positions, and moves the state's write pointers itself. The
+        tokens; None (nothing fed) when it can't run now: a draft head's features kept, a tree pending, the state not
+        allocated yet, or compiling failed (the caller runs the chain eagerly)."""
         state = self._still_held()
         if self.features is not None or self.tree is not None or not state.allocated:
             return None
-        fed = steps - 1
+        fed = steps - 1 + (0 if lead is None else len(lead))
         state.room_for(fed)
         positions = self.positions.chain(state.length, fed, self.device).contiguous()  # (1, fed), or (3, 1, fed)
-        out = graphs(first, None, positions, steps, state.cache, *params)
+        leading = None if lead is None else torch.tensor(lead, device=self.device)
+        out = graphs(first, leading, None, positions, steps, state.cache, *params)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         tokens = out[0].tolist()
         state.wrote(fed)  # the graph moved the write pointers itself
+        if lead is not None:
+            self.ids.extend(lead)
         self.ids.extend(tokens[:-1])
         return tokens
 

@@ -128,7 +128,10 @@ class StepCosts:
     rows, a head's T_h(S), ssd's T_s(S)); empty for a drafter that runs no model (``oracle``, ``pld``): drafting
     costs 0 then;
     ``chain_ms``: (S, γ) -> a greedy chain of γ tokens in ONE compiled graph after S (``--compile``'s chains:
-    T_chain(B, S, γ), a head's T_hc(S, γ)); empty when chains run step by step (eager, ssd).
+    T_chain(B, S, γ), a head's T_hc(S, γ)); empty when chains run step by step (eager, ssd);
+    ``chain_leads``: whether such a chain feeds the block's catch-up itself (a draft model's: its lead,
+    :func:`~mmspec_cli.decoding.chain.draft_chain`), so that a block of γ ≥ 2 drafts with the chain alone; else
+    (a head's, whose catch-up feeds the target's features) with the catch-up step and then the chain.
 
     How a context length S between the measured ones is priced: every curve (T_verify over n, T_chain over γ) is
     first read at each measured S (each n's or γ's own timings interpolated linearly in S where that S was not
@@ -140,6 +143,7 @@ class StepCosts:
     verify_ms: Mapping[tuple[int, int], float]
     draft_ms: Mapping[int, float] = field(default_factory=dict)
     chain_ms: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    chain_leads: bool = False
 
     def __post_init__(self) -> None:
         if not self.verify_ms:
@@ -183,18 +187,21 @@ class StepCosts:
         return blend(self._step, seq)[0]
 
     def _drafting(self, step: float, chain: Sequence[float], gamma: int) -> float:
-        """T_draft for a catch-up ``step`` and a chain curve ``chain`` (values at :attr:`_gammas`; empty: none)."""
+        """T_draft for a catch-up ``step`` and a chain curve ``chain`` (values at :attr:`_gammas`; empty: none). A
+        chain of γ = 1 is drafted step by step: its catch-up alone."""
         if gamma <= 0:
             return 0.0
         if not chain:
             return gamma * step
-        return step if gamma == 1 else step + interpolate(list(zip(self._gammas, chain)), gamma)
+        if gamma == 1:
+            return step
+        return (0.0 if self.chain_leads else step) + interpolate(list(zip(self._gammas, chain)), gamma)
 
     def drafting(self, seq: int, gamma: int) -> float:
-        """T_draft(S, γ), a block's drafting: the catch-up step and, with a compiled chain measured, that chain of
-        γ tokens (one graph: :attr:`chain_ms`, nondecreasing in γ and interpolated in it as :meth:`verify`); else γ
-        steps called one by one, γ · T_step(S). A chain of γ = 1 is its catch-up alone; a block cut to γ = 0 drafts
-        nothing."""
+        """T_draft(S, γ), a block's drafting: with a compiled chain measured, that chain of γ tokens (one graph:
+        :attr:`chain_ms`, nondecreasing in γ and interpolated in it as :meth:`verify`), after the catch-up step unless
+        the chain feeds it (:attr:`chain_leads`); else γ steps called one by one, γ · T_step(S). A chain of γ = 1 is
+        its catch-up alone; a block cut to γ = 0 drafts nothing."""
         return self._drafting(self.draft(seq), blend(self._chain, seq) if self._chain else [], gamma)
 
     def prices(self, seq: int) -> list[float]:

@@ -48,7 +48,7 @@ class EnsembleDrafter(Drafter):
         self.views = list(views)
         self.target_vocab = target_vocab
         self.rows = BatchedRows(draft.model, draft.image_token_id)
-        self.step = DraftStep(self._feed, from_logits=False)
+        self.step = DraftStep(self._feed, from_logits=False, catch_up=self._feed_lead)
         self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=self.rows.keep_path,
                                          log_proposal=probabilities_log_proposal))  # the mixture is a distribution
         self.prompt_fed = False  # whether the turn's rows are caught up (after its first block)
@@ -64,7 +64,7 @@ class EnsembleDrafter(Drafter):
     def begin_turn(self, turn: TurnStart) -> None:
         """The rows' state is of the target's kind (static and compiled when the target's is); each member's row."""
         self.rows.use_kv(turn.cached_target.kv)
-        self.step = DraftStep(self._feed, from_logits=False,
+        self.step = DraftStep(self._feed, from_logits=False, catch_up=self._feed_lead,
                               compiled=self._compiled if self.rows.chain is not None else None)
         rows = [view(turn.text, turn.images) for view in self.views]
         # the longest member row: each row counts its own positions, so that is the one that must fit
@@ -74,11 +74,21 @@ class EnsembleDrafter(Drafter):
         self.policy.reset()
         self.prompt_fed = False
 
+    def _lacks(self, verified: Sequence[int]) -> list[int] | None:
+        """The verified tokens the rows lack, in a block after the turn's first (None before it)."""
+        return list(verified[self.rows.held - len(self.turn_shared):]) if self.prompt_fed else None
+
+    def _feed_lead(self, tokens: list[int], carry: None) -> tuple[tuple[torch.Tensor, torch.Tensor], None]:
+        """Feed every row the verified tokens it lacks, in one forward; the mixture after them and its members."""
+        q_k = member_distributions(fit_vocab(self.rows.extend(tokens), self.target_vocab), self._picker)  # (m, V)
+        return (mixture(q_k, self._weights), q_k), carry
+
     def _catch_up(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """Feed every row the verified tokens it lacks; the member distributions after them (m, V). The turn's
         first block keeps what an earlier turn left; later ones feed only the tokens since the last block."""
-        if self.prompt_fed:
-            logits = self.rows.extend(verified[self.rows.held - len(self.turn_shared):])
+        lacking = self._lacks(verified)
+        if lacking is not None:
+            logits = self.rows.extend(lacking)
         else:
             logits = self.rows.logits(self.turn_shared + list(verified))
             self.prompt_fed = True
@@ -86,13 +96,13 @@ class EnsembleDrafter(Drafter):
         return member_distributions(fit_vocab(logits, self.target_vocab), picker)  # (m, V)
 
     def _feed(self, token: int, carry: None, i: int) -> tuple[tuple[torch.Tensor, torch.Tensor], None]:
-        q_k = member_distributions(fit_vocab(self.rows.extend([token]), self.target_vocab), self._picker)  # (m, V)
-        return (mixture(q_k, self._weights), q_k), None
+        return self._feed_lead([token], carry)
 
-    def _compiled(self, first: tuple[torch.Tensor, torch.Tensor], carry: None, steps: int):
+    def _compiled(self, first: tuple[torch.Tensor, torch.Tensor] | None, lead: list[int] | None, carry: None,
+                  steps: int):
         """The greedy chain in one graph: its tokens, and the member distributions each was chosen from as one
         (steps, m, V) tensor (what :meth:`propose` keeps), not a pair per token."""
-        return self.rows.run_chain(first, steps, self._weights, self.target_vocab)
+        return self.rows.run_chain(first, lead, steps, self._weights, self.target_vocab)
 
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         self._weights = self.policy.weights()  # (m,), fixed for the whole block (TABED Alg. 1 line 3)
@@ -102,12 +112,17 @@ class EnsembleDrafter(Drafter):
             self._block_q = None
             return dataclasses.replace(tree, weights=weights)
         self._picker = picker
-        q_k = self._catch_up(verified, picker)
-        tokens, kept = draft_chain(self.step, (mixture(q_k, self._weights), q_k), None, shape.length, picker)
+        lacking = self._lacks(verified)
+        if lacking:  # the chain feeds them first (in its graph, compiled)
+            self.base = self.rows.held + len(lacking)
+            tokens, kept = draft_chain(self.step, None, None, shape.length, picker, lead=lacking)
+        else:
+            q_k = self._catch_up(verified, picker)
+            tokens, kept = draft_chain(self.step, (mixture(q_k, self._weights), q_k), None, shape.length, picker)
         if isinstance(kept, torch.Tensor):  # the compiled chain's (γ, m, V), already stacked
             self._block_q = kept
             return Draft(tokens=tokens, probs=None, weights=weights)  # greedy: no draft distributions
-        self._block_q = torch.stack([members_q for _, members_q in kept]).to(q_k)  # (γ, m, V)
+        self._block_q = torch.stack([members_q for _, members_q in kept])  # (γ, m, V)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack([q for q, _ in kept]),
                      weights=weights)
 

@@ -218,7 +218,8 @@ class HeadDrafter(Drafter):
                           causal_mask(1, self.base + i, h.dtype, self.device))[-1]
         return self._logits(h), h
 
-    def _compiled(self, first: torch.Tensor | None, h: torch.Tensor, steps: int) -> tuple[list[int], list] | None:
+    def _compiled(self, first: torch.Tensor | None, lead: None, h: torch.Tensor,
+                  steps: int) -> tuple[list[int], list] | None:
         """A greedy chain in ONE compiled graph of :func:`chain_step`, its first proposal (the LM head over ``h``)
         included, or None when it can't (the head's cache not allocated yet, or compiling failed; the chain then
         runs eagerly)."""
@@ -228,7 +229,7 @@ class HeadDrafter(Drafter):
         fed = steps - 1
         state.room_for(fed)
         positions = self._draft_positions(self._position, fed)
-        out = self.chain(first, h[None], positions, steps, *chain_params(self.head, lm_head, self.glob),
+        out = self.chain(first, None, h[None], positions, steps, *chain_params(self.head, lm_head, self.glob),
                          state.cache)
         if out is None:
             state.rollback(state.length)

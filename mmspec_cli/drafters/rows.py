@@ -444,30 +444,34 @@ class BatchedRows:
         return len(self.shared)
 
     @torch.inference_mode()
-    def run_chain(self, first: tuple[torch.Tensor, torch.Tensor], steps: int, weights: torch.Tensor,
-                  vocab: int) -> tuple[list[int], torch.Tensor] | None:
+    def run_chain(self, first: tuple[torch.Tensor, torch.Tensor] | None, lead: list[int] | None, steps: int,
+                  weights: torch.Tensor, vocab: int) -> tuple[list[int], torch.Tensor] | None:
         """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of :func:`rows_step`, from ``first``
-        (the mixture after the shared tokens held, and the member distributions it mixes): every token but the
-        last is fed to every row, the state's write pointers moved by the graph. The tokens and the member
-        distributions (steps, B, vocab) each was chosen from; None (nothing fed) when it can't: not compiled, a
-        tree pending, the state not allocated yet, or compiling failed."""
+        (the mixture after the shared tokens held, and the member distributions it mixes), or from feeding ``lead``
+        (the verified tokens not held yet) first: the lead and every token but the last are fed to every row,
+        the state's write pointers moved by the graph. The tokens and the member distributions (steps, B, vocab)
+        each was chosen from; None (nothing fed) when it can't: not compiled, a tree pending, the state not
+        allocated yet, or compiling failed."""
         if self.chain is None or self.tree is not None:
             return None
         self._still_held()
         state = self.state
         if not state.allocated:
             return None
-        fed = steps - 1
+        fed = steps - 1 + (0 if lead is None else len(lead))
         state.room_for(fed)
         start = self.origin + self.length  # (B, 1) each row's real positions held: all but the padding
         positions = self.positions.tree(start, self._arange(fed)).contiguous()
         visible = self._key_mask(state.capacity)[:, 0, 0] == 0  # (B, capacity) the columns each row sees
-        out = self.chain(first, visible, positions, steps, state.cache, weights.to(self.device), vocab)
+        leading = None if lead is None else torch.tensor(lead, device=self.device)
+        out = self.chain(first, leading, visible, positions, steps, state.cache, weights.to(self.device), vocab)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
         tokens = out[0].tolist()
         state.wrote(fed)  # the graph moved the write pointers itself
+        if lead is not None:
+            self.shared.extend(lead)
         self.shared.extend(tokens[:-1])
         self._show(fed)
         self.last_logits = None  # the graph kept no logits
@@ -520,24 +524,28 @@ class BatchedRows:
 
 def rows_step(model) -> Callable:
     """A batch of member rows' draft step as one function of the draft model's parts, for the compiled chain
-    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): every row is fed the same token (1,) at its own
-    ``position``, seeing its own unpadded prefix and the shared tokens (the additive mask the step-by-step rows
-    build, from the slots ``visible`` (B, capacity), the carry, and the cache's write pointer); the rows' softmax
-    (TABED's q_k at T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`). The proposal
-    is (mixture (V,), q_k (B, V)): the chain chooses the mixture's argmax and keeps q_k."""
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): every row is fed the same tokens (n,) at its own
+    ``position`` (B, n), seeing its own unpadded prefix, the shared tokens and the tokens before it (the additive
+    mask the step-by-step rows build, from the slots ``visible`` (B, capacity), the carry, and the cache's write
+    pointer); the rows' softmax after the last (TABED's q_k at T = 1) is mixed with ``weights``
+    (:func:`~mmspec_cli.drafters.weights.mixture`). The proposal is (mixture (V,), q_k (B, V)): the chain chooses
+    the mixture's argmax and keeps q_k."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
     dtype = model.dtype  # the rows' additive masks are in the model's dtype (additive_step_mask)
 
-    def step(token, visible, position, cache, weights, vocab):
+    def step(tokens, visible, position, cache, weights, vocab):
+        n = tokens.shape[0]
         slots = torch.arange(visible.shape[1], device=visible.device)
-        visible = visible | (slots == cache.layers[0].cumulative_length)[None]  # the entry this step writes
-        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        mask = mask.masked_fill(~visible, torch.finfo(mask.dtype).min)[:, None, None, :]  # (B, 1, 1, capacity)
-        ids = token.reshape(1, 1).expand(visible.shape[0], 1)
+        written = slots - cache.layers[0].cumulative_length  # a slot's place among the n entries this step writes
+        own = (written >= 0) & (written <= torch.arange(n, device=visible.device)[:, None])  # (n, capacity)
+        seen = visible[:, None, :] | own[None]  # (B, n, capacity): the row's columns, then the step's causally
+        mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
+        mask = mask.masked_fill(~seen, torch.finfo(mask.dtype).min)[:, None]  # (B, 1, n, capacity)
+        ids = tokens.reshape(1, n).expand(visible.shape[0], n)
         hidden = decoder(inputs_embeds=embed(ids), position_ids=position, attention_mask=mask, **with_cache(cache),
                          use_cache=True).last_hidden_state
         logits = fit_vocab(lm_head(hidden)[:, -1], vocab)  # (B, V)
         q_k = torch.softmax(logits.to(working_dtype(logits)), dim=-1)
-        return (mixture(q_k, weights), q_k), visible
+        return (mixture(q_k, weights), q_k), seen[:, -1]
 
     return step

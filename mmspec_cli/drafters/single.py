@@ -56,13 +56,13 @@ def proposal(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
 
 def model_step(model: torch.nn.Module) -> Callable:
     """A draft model's draft step as a function of its parts, for the compiled chain
-    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): feed one token (1,) at ``position`` after the state in
-    ``cache``; the next logits over the target's ``vocab`` ids (:func:`fit_vocab`)."""
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): feed tokens (n,) at ``position`` (1, n) after the state in
+    ``cache``, causally; the logits after the last over the target's ``vocab`` ids (:func:`fit_vocab`)."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
 
-    def step(token, carry, position, cache, vocab):
-        hidden = decoder(inputs_embeds=embed(token[None]), position_ids=position, **with_cache(cache),
-                         use_cache=True).last_hidden_state  # (1, 1, H)
+    def step(tokens, carry, position, cache, vocab):
+        hidden = decoder(inputs_embeds=embed(tokens[None]), position_ids=position, **with_cache(cache),
+                         use_cache=True).last_hidden_state  # (1, n, H)
         return fit_vocab(lm_head(hidden)[0, -1], vocab), carry
 
     return step
@@ -81,7 +81,7 @@ class SingleModelDrafter(Drafter):
         self.target_vocab = target_vocab
         self.traits = DrafterTraits(models=(draft.model,))
         self.cached = CachedModel(draft.model, role="draft", image_token_id=draft.image_token_id)
-        self.step = DraftStep(self._feed)
+        self.step = DraftStep(self._feed, catch_up=self._feed_lead)
         self.trees = TreeDrafts(TreeStep(root=self._tree_root, level=self._tree_level, keep=self._keep_fed))
         self.prompt = ModelPrompt(ids=[])
         self.prompt_fed = False  # whether the turn's prompt view is in the cache (after its first block)
@@ -96,36 +96,52 @@ class SingleModelDrafter(Drafter):
             self.cached = CachedModel(model, role="draft", image_token_id=self.cached.image_token_id, kv=kv)
             graphs = compiled_chain(model, "greedy chain", self.cached.compiled, lambda: model_step(model)) \
                 if kv == "compiled" else None
-            self.step = DraftStep(self._feed, compiled=self._compiled if graphs is not None else None)
+            self.step = DraftStep(self._feed, compiled=self._compiled if graphs is not None else None,
+                                  catch_up=self._feed_lead)
             self.graphs = graphs
         self.prompt = self.view(turn.text, turn.images)
         self.traits.prompt_views = [(self.cached.model, len(self.prompt.ids))]
         self.cached.reserve(len(self.prompt.ids) + turn.room)
         self.prompt_fed = False
 
+    def _lacks(self, verified: Sequence[int]) -> list[int] | None:
+        """The verified tokens the cache lacks, in a block after the turn's first (None before it)."""
+        return list(verified[self.cached.length - len(self.prompt.ids):]) if self.prompt_fed else None
+
     def _catch_up(self, verified: Sequence[int]) -> torch.Tensor:
         """Feed the verified tokens the cache lacks; the logits after them (V,). The turn's first block feeds the
         prompt view (what an earlier turn left is kept); later ones only the tokens since the last block."""
-        if self.prompt_fed:
-            logits = self.cached.extend(verified[self.cached.length - len(self.prompt.ids):], 1)[-1]
+        lacking = self._lacks(verified)
+        if lacking is not None:
+            logits, _ = self._feed_lead(lacking, None)
         else:
-            logits = self.cached.logits(self.prompt.ids + list(verified), 1, self.prompt.vision,
-                                        prompt_len=len(self.prompt.ids))[-1]
+            logits = fit_vocab(self.cached.logits(self.prompt.ids + list(verified), 1, self.prompt.vision,
+                                                  prompt_len=len(self.prompt.ids))[-1], self.target_vocab)
             self.prompt_fed = True
         self.base = self.cached.length
-        return fit_vocab(logits, self.target_vocab)  # (V,)
+        return logits  # (V,)
+
+    def _feed_lead(self, tokens: list[int], carry: None) -> tuple[torch.Tensor, None]:
+        """Feed the verified tokens the cache lacks, in one forward; the logits after them (V,)."""
+        return fit_vocab(self.cached.extend(tokens, 1)[-1], self.target_vocab), carry
 
     def _feed(self, token: int, carry: None, i: int) -> tuple[torch.Tensor, None]:
         return fit_vocab(self.cached.extend([token], 1)[-1], self.target_vocab), None
 
-    def _compiled(self, first: torch.Tensor, carry: None, steps: int) -> tuple[list[int], list] | None:
-        tokens = self.cached.run_chain(self.graphs, first, steps, self.target_vocab)
+    def _compiled(self, first: torch.Tensor | None, lead: list[int] | None, carry: None,
+                  steps: int) -> tuple[list[int], list] | None:
+        tokens = self.cached.run_chain(self.graphs, first, lead, steps, self.target_vocab)
         return None if tokens is None else (tokens, [None] * steps)
 
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         if shape.tree:
             return self.trees.draft(verified, shape, picker)
-        tokens, drawn_from = draft_chain(self.step, self._catch_up(verified), None, shape.length, picker)
+        lacking = self._lacks(verified)
+        if lacking:  # the chain feeds them first (in its graph, compiled)
+            self.base = self.cached.length + len(lacking)
+            tokens, drawn_from = draft_chain(self.step, None, None, shape.length, picker, lead=lacking)
+        else:
+            tokens, drawn_from = draft_chain(self.step, self._catch_up(verified), None, shape.length, picker)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
     def accept(self, kept: Kept) -> None:
