@@ -229,6 +229,34 @@ def test_a_static_state_grows_when_a_turn_needs_more(tiny_models, first_turn):
     assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == first_turn
 
 
+def test_a_rollback_moves_every_layers_write_pointer_with_one_op_and_each_layer_still_moves_its_own():
+    """On the CPU, once a static state's layers are allocated, their write pointers are the elements of one tensor
+    (a rollback fills it: one op, not one per layer); a layer's write still moves its own pointer only, and a view
+    over the first layers (ssd's) moves those only."""
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                         vocab_size=32)
+    state = StaticKV(config, 16)
+    entry = torch.zeros(1, 2, 1, 8)  # (batch, heads, one position, head size)
+    with torch.inference_mode():
+        for layer in state.cache.layers:
+            layer.update(entry, entry)  # each layer's first write allocates it and moves its pointer to 1
+        state.wrote(1)
+        state.rollback(1)  # shares the pointers
+        pointers = [layer.cumulative_length for layer in state.cache.layers]
+        assert len({p.untyped_storage().data_ptr() for p in pointers}) == 1  # one tensor's elements
+        state.cache.layers[1].update(entry, entry)
+        assert [int(p) for p in pointers] == [1, 2, 1]
+        state.rollback(0)
+        assert [int(p) for p in pointers] == [0, 0, 0]
+        view = state.view(2)
+        view.cache.layers[0].update(entry, entry)
+        view.rollback(0)
+        assert [int(p) for p in pointers] == [0, 0, 0]
+        for layer in view.cache.layers:
+            layer.update(entry, entry)
+        assert [int(p) for p in pointers] == [1, 1, 0]
+
+
 def test_only_plain_static_layers_can_be_rolled_back_by_a_pointer():
     llama = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
     window = MistralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
