@@ -412,6 +412,10 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
         # after a block that accepted every draft (its last, never fed, and the target's token)
         leads = {key[1][1] for key in chain.traced if key[0] == none and key[1][0] == "tensor"}
         assert leads == {(1,), (2,)}
+    if drafter == "m":  # plain positions are read from the state's write pointer inside the graphs, not passed (the
+        # graphs are the process's: a head's target, which records its positions, traced others)
+        assert any(key[3] == none for key in chain.traced)
+        assert any(key[1] == none for key in decoder.cached_target.compiled.graphs.traced)
 
 
 def test_a_chain_given_no_first_proposal_makes_it_from_the_carry_or_its_lead_or_says_it_cannot():

@@ -301,13 +301,17 @@ def compiled_step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int
     from mmspec_cli.decoding.compiled import compiled_forward
     from mmspec_cli.drafters.rows import additive_step_mask
 
+    from mmspec_cli.models.families import family_of
+
     prefix, steps = random_ids(model, batch, seq, max(counts))
     state = _static_state(model, "cached" if batch == 1 else f"rows{batch}", seq + max(counts))
     fill(model, state, prefix)
     compiled = compiled_forward(model, role)
+    # one row of plain positions passes none, as a cached model does (its graph reads them from the state)
+    implied = batch == 1 and family_of(model).positions().follows_cache
 
     def forward(n: int) -> Callable[[], None]:
-        positions = TEXT_POSITIONS.chain(seq, n, model.device).expand(batch, -1).contiguous()
+        positions = None if implied else TEXT_POSITIONS.chain(seq, n, model.device).expand(batch, -1).contiguous()
         mask = None
         if batch > 1:
             visible = torch.ones(batch, seq + n, dtype=torch.long, device=model.device)

@@ -334,11 +334,12 @@ class CompiledStep:
         """Why compiling failed (every later step runs eager), or None."""
         return self.graphs.failed
 
-    def __call__(self, state: StaticKV, inputs: torch.Tensor, positions: torch.Tensor,
+    def __call__(self, state: StaticKV, inputs: torch.Tensor, positions: torch.Tensor | None,
                  mask: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
         """The outputs for the ``n`` fed positions (the padding's cut off: an unpadded step's outputs are the graph's
         own, not views of them), or None when this step runs eager (longer than the largest padded size, or
-        compiling failed)."""
+        compiling failed). ``positions`` None: the model reads them from the state's write pointer (a chain of plain
+        positions, :attr:`~mmspec_cli.models.positions.Positions.follows_cache`), the padding's included."""
         n = inputs.shape[1]
         size = padded_size(n)
         if self.failed or size is None:
@@ -346,13 +347,15 @@ class CompiledStep:
         pad = size - n
         if pad:
             inputs = torch.cat([inputs, inputs[:, -1:].expand(-1, pad, *inputs.shape[2:])], dim=1)
-            steps = torch.arange(1, pad + 1, device=positions.device)
-            positions = torch.cat([positions, positions[..., -1:] + steps], dim=-1)  # (B, n) or M-RoPE's (3, B, n)
+            if positions is not None:
+                steps = torch.arange(1, pad + 1, device=positions.device)
+                positions = torch.cat([positions, positions[..., -1:] + steps], dim=-1)  # (B, n) or (3, B, n)
             if mask is not None:
                 mask = pad_mask(mask, state.length, pad)
         state.room_for(size)
         # contiguous: a graph runs with the strides it was compiled for (batched rows' positions are slices)
-        inputs, positions = inputs.contiguous(), positions.contiguous()
+        inputs = inputs.contiguous()
+        positions = None if positions is None else positions.contiguous()
         mask = None if mask is None else mask.contiguous()
         if not state.allocated:
             # A static layer allocates its buffers at its first write and marks them static then, but not while dynamo
@@ -407,7 +410,8 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     ``lead`` None, or the verified tokens (n,) the state lacks, which the graph feeds first, in one step, and
     proposes from (``first`` is then None: :func:`~mmspec_cli.decoding.chain.draft_chain`'s ``lead``; the step
     then takes (n,) tokens at n positions); ``positions`` those of the tokens it feeds (the lead's first, then the
-    ``steps`` − 1 chosen ones'); it returns the (steps,)
+    ``steps`` − 1 chosen ones'), or None for a step whose model reads them from its cache (a draft model's plain
+    positions); it returns the (steps,)
     tokens and, when proposals are pairs, what each kept (steps, ...). ``make_first`` builds
     ``first(carry, *params)``, the first proposal from the carry (a head's LM head over its last output): called
     with ``first`` and ``lead`` None, the graph computes it itself (the same key for every such call: None is
@@ -421,15 +425,18 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
         first_of = make_first() if make_first is not None else None
 
         def chain(first, lead, carry, positions, steps, *params):
+            def at(start, stop):  # the positions of the tokens fed from ``start`` to ``stop``; None: the cache's
+                return None if positions is None else positions[..., start:stop]
+
             fed = 0  # positions used so far; resolved when traced: None and the lead's shape are the graph's key
             if lead is not None:
                 fed = lead.shape[0]
-                first, carry = draft_step(lead, carry, positions[..., :fed], *params)
+                first, carry = draft_step(lead, carry, at(0, fed), *params)
             elif first is None:
                 first = first_of(carry, *params)
 
             def feed(token, carry, i):
-                return draft_step(token, carry, positions[..., fed + i:fed + i + 1], *params)
+                return draft_step(token, carry, at(fed + i, fed + i + 1), *params)
 
             tokens, kept = chain_loop(first, carry, feed, steps, greedy_choice)
             if kept[0] is None:

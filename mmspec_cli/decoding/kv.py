@@ -298,7 +298,8 @@ class CachedModel:
             return None
         fed = steps - 1 + (0 if lead is None else len(lead))
         state.room_for(fed)
-        positions = self.positions.chain(state.length, fed, self.device).contiguous()  # (1, fed), or (3, 1, fed)
+        positions = self._chain_positions(state.length, fed)  # (1, fed), (3, 1, fed) or None (the cache's)
+        positions = None if positions is None else positions.contiguous()
         leading = None if lead is None else torch.tensor(lead, device=self.device)
         out = graphs(first, leading, None, positions, steps, state.cache, *params)
         if out is None:
@@ -310,6 +311,17 @@ class CachedModel:
             self.ids.extend(lead)
         self.ids.extend(tokens[:-1])
         return tokens
+
+    def _chain_positions(self, start: int, n: int) -> torch.Tensor | None:
+        """The positions of ``n`` tokens fed after ``start`` held ones: (1, n), or M-RoPE's (3, 1, n). None for a
+        compiled step's graph where the model computes the same from its cache's write pointer
+        (:attr:`~mmspec_cli.models.positions.Positions.follows_cache`) and no draft head's features record them: the
+        graph adds them itself, and the host makes one tensor fewer per forward (on this CPU a compiled block's wall
+        time did not move; on a GPU a compiled block is host time). Eager, they are passed: the model would make the
+        same tensor itself, in one op more."""
+        if self.kv == "compiled" and self.positions.follows_cache and self.features is None:
+            return None
+        return self.positions.chain(start, n, self.device)
 
     def _images_after(self, ids: Sequence[int], reuse: int, prompt_len: int,
                       vision: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
@@ -335,7 +347,7 @@ class CachedModel:
             positions, offset = self.family.prompt_positions(self.model, ids, images, self.device)
             self.positions = self.family.positions(offset)
         elif positions is None:
-            positions = self.positions.chain(state.length, len(ids), self.device)  # (1, n), or (3, 1, n) M-RoPE
+            positions = self._chain_positions(state.length, len(ids))
         compiled = None
         if self.compiled is not None and not images:
             input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)

@@ -56,8 +56,9 @@ def proposal(logits: torch.Tensor, picker: TokenPicker) -> torch.Tensor:
 
 def model_step(model: torch.nn.Module) -> Callable:
     """A draft model's draft step as a function of its parts, for the compiled chain
-    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): feed tokens (n,) at ``position`` (1, n) after the state in
-    ``cache``, causally; the logits after the last over the target's ``vocab`` ids (:func:`fit_vocab`)."""
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): feed tokens (n,) at ``position`` (1, n), or at the indices
+    the cache writes them at when None, after the state in ``cache``, causally; the logits after the last over the
+    target's ``vocab`` ids (:func:`fit_vocab`)."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
 
     def step(tokens, carry, position, cache, vocab):

@@ -25,6 +25,11 @@ import torch
 class Positions:
     """1-D positions, the same on every rotary axis: the LLaVA families' language models."""
 
+    #: Whether a chain's positions are the indices its cache writes them at, as a model computes them itself when
+    #: given none (transformers' decoders: ``arange(n) + cache.get_seq_length()``), so that a chain fed after the
+    #: whole state may pass ``position_ids=None`` (in a compiled graph, read from the cache's write pointer).
+    follows_cache = True
+
     def chain(self, start: int, n: int, device: Any = None) -> torch.Tensor:
         """(1, n) position ids of ``n`` tokens fed after ``start`` positions."""
         return torch.arange(start, start + n, device=device)[None]
@@ -40,6 +45,8 @@ TEXT_POSITIONS = Positions()
 class MRopePositions(Positions):
     """Qwen-VL's M-RoPE position ids (3, B, n) after a prompt whose rope offset is ``offset`` (δ): one number,
     or (B, 1), one per row of a batch (batched draft rows; then only :meth:`tree` applies)."""
+
+    follows_cache = False  # offset by δ, on three axes
 
     def __init__(self, offset: int | torch.Tensor = 0):
         self.offset = offset if isinstance(offset, torch.Tensor) else int(offset)
