@@ -238,16 +238,18 @@ def qwen3_one_layer(tmp_path_factory):
     return {**models, "reference": reference(models["target"], [QUESTION], [], tiny_qwen.images(2))}
 
 
-@pytest.mark.parametrize("case", ["m", "mtp-dynamic", "eagle3", "eagle3-whole"])
+@pytest.mark.parametrize("case", ["m", "mt", "mtp-dynamic", "eagle3", "eagle3-whole"])
 def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     """``--compile`` over M-RoPE: the compiled steps get the (3, 1, n) positions the eager ones get, padding
-    included (a padded step continues every axis), for a draft model's chain and for batched rows (a pooled one
-    among them) drafting a dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds DeepStack features,
+    included (a padded step continues every axis), for a draft model's chain, for batched rows' mixture chain (one
+    graph, reading each row's positions from its origin, its δ added, and the write pointer) and for batched rows
+    (a pooled one among them) drafting a dynamic tree (each row's own δ); Qwen3-VL, whose prompt also feeds
+    DeepStack features,
     eager. The target's tokens hold whatever the draft does, so the drafts themselves are compared with an eager
     run's, block by block. One family, of one layer: each family compiles its own graphs, seconds each per layer."""
     models = qwen3_one_layer
     assert all(compile_blocker(qwen[family]["target"].model) is None for family in FAMILIES)  # --compile is not refused
-    name, options = {"m": ("m", {}), "mtp-dynamic": ("mtp", DYNAMIC), "eagle3": ("eagle3", {}),
+    name, options = {"m": ("m", {}), "mt": ("mt", {}), "mtp-dynamic": ("mtp", DYNAMIC), "eagle3": ("eagle3", {}),
                      "eagle3-whole": ("eagle3", {})}[case]
     vocab = models["target"].vocab_size if case == "eagle3-whole" else None  # draft ids == target ids: no scatter
     turns = {}
@@ -266,6 +268,8 @@ def test_compiled_decoding_is_the_targets_own(qwen, qwen3_one_layer, case):
     else:
         steps = {role: compiled_forward(model, role).graphs  # the one the decoder used: one per model and process
                  for model, role in ((models["target"].model, "target"), (models["draft"].model, "draft"))}
+        if name == "mt":
+            steps["rows' chain"] = decoder.drafter.rows.chain
     for role, graphs in steps.items():
         assert graphs.failed is None and graphs.traced, f"the {role}'s steps ran eager"
 

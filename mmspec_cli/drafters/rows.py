@@ -205,6 +205,7 @@ class BatchedRows:
         self.length = 0  # columns held: the padded prefixes and the shared tokens
         self.keys = torch.zeros(0, 1, 1, 0, dtype=self.dtype)  # (B, 1, 1, width) additive: which keys each row sees
         self.origin = torch.zeros(0, 1, dtype=torch.long)  # (B, 1) minus each row's left padding: position = origin + column
+        self.chain_origin = self.origin  # origin's positions (rope offset added; M-RoPE's (3, B, 1)): a compiled chain's
         self.depths: dict[int, torch.Tensor] = {}  # arange(n) on the model's device, per n fed
         self.last_logits: torch.Tensor | None = None
         self.prefix_logits: torch.Tensor | None = None
@@ -230,7 +231,7 @@ class BatchedRows:
         step's ``contiguous()`` copies nothing)."""
         if self.keys.shape[-1] != width if self.state.static else self.keys.shape[-1] < width:
             self._resize(width if self.state.static else max(width, 2 * self.keys.shape[-1]))
-        return self.keys[..., :width]
+        return self.keys if self.keys.shape[-1] == width else self.keys[..., :width]
 
     @torch.inference_mode(False)  # a normal tensor: rolling back (outside a forward) writes into it
     def _resize(self, width: int) -> None:
@@ -338,6 +339,7 @@ class BatchedRows:
         self._show(length)
         self._hide_padding(mask)
         self.origin = torch.tensor([[len(r.ids) - length] for r in rows], device=self.device)  # (B, 1) -padding
+        self.chain_origin = self.positions.tree(self.origin, self._arange(1)).contiguous()
         self.prefix_logits = self._forward(length, positions=positions, mask=mask, **inputs)
         self.last_logits = self.prefix_logits
 
@@ -460,11 +462,11 @@ class BatchedRows:
             return None
         fed = steps - 1 + (0 if lead is None else len(lead))
         state.room_for(fed)
-        start = self.origin + self.length  # (B, 1) each row's real positions held: all but the padding
-        positions = self.positions.tree(start, self._arange(fed)).contiguous()
-        visible = self._key_mask(state.capacity)[:, 0, 0] == 0  # (B, capacity) the columns each row sees
+        keys = self._key_mask(state.capacity)  # (B, 1, 1, capacity): the buffer itself, the columns each row sees
         leading = None if lead is None else torch.tensor(lead, device=self.device)
-        out = self.chain(first, leading, visible, positions, steps, state.cache, weights.to(self.device), vocab)
+        # no positions: each step reads its own from the state's write pointer and the rows' origins
+        out = self.chain(first, leading, keys, None, steps, state.cache, weights.to(self.device), vocab,
+                         self.chain_origin)
         if out is None:
             state.rollback(state.length)  # the pointers back where they were, whatever the failed call wrote
             return None
@@ -524,28 +526,27 @@ class BatchedRows:
 
 def rows_step(model) -> Callable:
     """A batch of member rows' draft step as one function of the draft model's parts, for the compiled chain
-    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): every row is fed the same tokens (n,) at its own
-    ``position`` (B, n), seeing its own unpadded prefix, the shared tokens and the tokens before it (the additive
-    mask the step-by-step rows build, from the slots ``visible`` (B, capacity), the carry, and the cache's write
-    pointer); the rows' softmax after the last (TABED's q_k at T = 1) is mixed with ``weights``
-    (:func:`~mmspec_cli.drafters.weights.mixture`). The proposal is (mixture (V,), q_k (B, V)): the chain chooses
-    the mixture's argmax and keeps q_k."""
+    (:func:`~mmspec_cli.decoding.compiled.compiled_chain`): every row is fed the same tokens (n,), seeing its own
+    unpadded prefix, the shared tokens and the tokens before it: the additive mask the step-by-step rows pass, the
+    rows' ``keys`` (B, 1, 1, capacity; the carry) with the slots this step writes (from the cache's write pointer on)
+    shown causally. Each row reads its own positions, ``origin`` (its positions' origin: (B, 1), or M-RoPE's
+    (3, B, 1)) plus the write pointer, as the step-by-step rows compute them. The rows' softmax after the last
+    token (TABED's q_k at T = 1) is mixed with ``weights`` (:func:`~mmspec_cli.drafters.weights.mixture`). The
+    proposal is (mixture (V,), q_k (B, V)): the chain chooses the mixture's argmax and keeps q_k."""
     decoder, embed, lm_head = text_decoder(model), model.get_input_embeddings(), model.get_output_embeddings()
-    dtype = model.dtype  # the rows' additive masks are in the model's dtype (additive_step_mask)
 
-    def step(tokens, visible, position, cache, weights, vocab):
-        n = tokens.shape[0]
-        slots = torch.arange(visible.shape[1], device=visible.device)
-        written = slots - cache.layers[0].cumulative_length  # a slot's place among the n entries this step writes
-        own = (written >= 0) & (written <= torch.arange(n, device=visible.device)[:, None])  # (n, capacity)
-        seen = visible[:, None, :] | own[None]  # (B, n, capacity): the row's columns, then the step's causally
-        mask = torch.zeros(seen.shape, dtype=dtype, device=visible.device)
-        mask = mask.masked_fill(~seen, torch.finfo(mask.dtype).min)[:, None]  # (B, 1, n, capacity)
-        ids = tokens.reshape(1, n).expand(visible.shape[0], n)
-        hidden = decoder(inputs_embeds=embed(ids), position_ids=position, attention_mask=mask, **with_cache(cache),
-                         use_cache=True).last_hidden_state
+    def step(tokens, keys, position, cache, weights, vocab, origin):  # position: None, the chain passes none
+        n, rows, capacity = tokens.shape[0], keys.shape[0], keys.shape[-1]
+        pointer = cache.layers[0].cumulative_length
+        written = torch.arange(capacity, device=keys.device) - pointer  # a slot's place among the n written now
+        depth = torch.arange(n, device=keys.device)
+        own = (written >= 0) & (written <= depth[:, None])  # (n, capacity): each token sees those before it
+        mask = keys.expand(rows, 1, n, capacity).masked_fill(own, 0)  # (B, 1, n, capacity)
+        ids = tokens.reshape(1, n).expand(rows, n)
+        hidden = decoder(inputs_embeds=embed(ids), position_ids=origin + pointer + depth, attention_mask=mask,
+                         **with_cache(cache), use_cache=True).last_hidden_state
         logits = fit_vocab(lm_head(hidden)[:, -1], vocab)  # (B, V)
         q_k = torch.softmax(logits.to(working_dtype(logits)), dim=-1)
-        return (mixture(q_k, weights), q_k), seen[:, -1]
+        return (mixture(q_k, weights), q_k), keys.masked_fill(own[-1], 0)
 
     return step
