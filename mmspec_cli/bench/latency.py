@@ -300,7 +300,6 @@ def compiled_step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int
     mask batched rows pass (all of a row's prefix visible)."""
     from mmspec_cli.decoding.compiled import compiled_forward
     from mmspec_cli.drafters.rows import additive_step_mask
-
     from mmspec_cli.models.families import family_of
 
     prefix, steps = random_ids(model, batch, seq, max(counts))
@@ -385,7 +384,6 @@ def compiled_chain_latency_ms(model, batch: int, seq: int, lengths: Sequence[int
     from mmspec_cli.decoding.kv import CachedModel
     from mmspec_cli.drafters.rows import BatchedRows, Row
     from mmspec_cli.drafters.single import model_step
-    from mmspec_cli.drafters.weights import mixture
 
     if not lengths:
         return {}

@@ -410,15 +410,14 @@ def compiled_chain(owner: Any, name: str, step: CompiledStep, make_step: Callabl
     ``lead`` None, or the verified tokens (n,) the state lacks, which the graph feeds first, in one step, and
     proposes from (``first`` is then None: :func:`~mmspec_cli.decoding.chain.draft_chain`'s ``lead``; the step
     then takes (n,) tokens at n positions); ``positions`` those of the tokens it feeds (the lead's first, then the
-    ``steps`` − 1 chosen ones'), or None for a step whose model reads them from its cache (a draft model's plain
-    positions); it returns the (steps,)
-    tokens and, when proposals are pairs, what each kept (steps, ...). ``make_first`` builds
-    ``first(carry, *params)``, the first proposal from the carry (a head's LM head over its last output): called
-    with ``first`` and ``lead`` None, the graph computes it itself (the same key for every such call: None is
-    keyed by value); a chain made without it must be given ``first`` or ``lead``, and the first ``make_first``
-    given for ``owner`` and ``name`` is the one kept (:func:`~mmspec_cli.drafters.head.head_chain` makes every
-    head's chain). It shares ``step``'s failure: a model whose step can't be compiled drafts its chains step by
-    step, eager, and is named once."""
+    ``steps`` − 1 chosen ones'), or None for a step that reads them from its state (a draft model's plain positions,
+    batched rows' from their origins); it returns the (steps,) tokens and, when proposals are pairs, what each kept
+    (steps, ...). ``make_first`` builds ``first(carry, *params)``, the first proposal from the carry (a head's LM
+    head over its last output): called with ``first`` and ``lead`` None, the graph computes it itself (the same key
+    for every such call: None is keyed by value); a chain made without it must be given ``first`` or ``lead``, and
+    the first ``make_first`` given for ``owner`` and ``name`` is the one kept
+    (:func:`~mmspec_cli.drafters.head.head_chain` makes every head's chain). It shares ``step``'s failure: a model
+    whose step can't be compiled drafts its chains step by step, eager, and is named once."""
 
     def make() -> Callable:
         draft_step = make_step()

@@ -190,9 +190,10 @@ class StaticKV(KVState):
         """On the CPU, once every layer is allocated: make each layer's write pointer (``cumulative_length``, a 0-d
         tensor each layer moves in place) an element of ONE (L,) tensor, so that a rollback moves them all with one
         op instead of one per layer (a block's rollbacks were 8 of its 44 torch calls outside the forwards, for
-        ``m`` compiled). The layers still move their own element; nothing else of transformers changes. Not for a
-        view (its layers are its owner's) nor on a GPU, where CUDA graphs need each pointer marked as a static
-        address (each layer then fills its own)."""
+        ``m`` compiled). The layers still move their own element (each marked as a static address, as the layer
+        marked its own); nothing else of transformers changes. Not for a view (its layers are its owner's), nor on
+        a GPU, where CUDA graphs replay over each input's address and views of one tensor as their inputs are
+        untried (no GPU was lent to measure it): there each layer fills its own."""
         layers = self.cache.layers
         if self.parent is not None or not self.allocated or layers[0].keys.device.type != "cpu":
             return None

@@ -205,7 +205,7 @@ class BatchedRows:
         self.length = 0  # columns held: the padded prefixes and the shared tokens
         self.keys = torch.zeros(0, 1, 1, 0, dtype=self.dtype)  # (B, 1, 1, width) additive: which keys each row sees
         self.origin = torch.zeros(0, 1, dtype=torch.long)  # (B, 1) minus each row's left padding: position = origin + column
-        self.chain_origin = self.origin  # origin's positions (rope offset added; M-RoPE's (3, B, 1)): a compiled chain's
+        self.chain_origin = self.origin  # the positions at origin (rope offset added; M-RoPE's (3, B, 1)): rows_step's
         self.depths: dict[int, torch.Tensor] = {}  # arange(n) on the model's device, per n fed
         self.last_logits: torch.Tensor | None = None
         self.prefix_logits: torch.Tensor | None = None
