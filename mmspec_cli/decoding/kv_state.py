@@ -195,7 +195,7 @@ class StaticKV(KVState):
         a GPU, where CUDA graphs replay over each input's address and views of one tensor as their inputs are
         untried (no GPU was lent to measure it): there each layer fills its own."""
         layers = self.cache.layers
-        if self.parent is not None or not self.allocated or layers[0].keys.device.type != "cpu":
+        if self.parent is not None or not self.allocated or any(layer.keys.device.type != "cpu" for layer in layers):
             return None
         pointers = torch.stack([layer.cumulative_length for layer in layers])  # (L,)
         for i, layer in enumerate(layers):
