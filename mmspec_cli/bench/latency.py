@@ -211,15 +211,10 @@ def fill(model, state, prefix: torch.Tensor) -> None:
     state.wrote(seq)
 
 
-def step_latency_ms(model, batch: int, seq: int, new_tokens: int, timer: Timer) -> float:
-    """Median time of one forward of ``new_tokens`` tokens per row after a cached prefix of ``seq``."""
-    return step_latencies_ms(model, batch, seq, [new_tokens], timer)[new_tokens]
-
-
 @torch.inference_mode()
 def step_latencies_ms(model, batch: int, seq: int, counts: Sequence[int], timer: Timer) -> dict[int, float]:
-    """:func:`step_latency_ms` for each n of ``counts``, over one prefix fed once, timed side by side
-    (:meth:`Timer.medians_ms`)."""
+    """The median time of one forward of n tokens per row after a cached prefix of ``seq``, for each n of ``counts``,
+    over one prefix fed once, timed side by side (:meth:`Timer.medians_ms`)."""
     prefix, steps = random_ids(model, batch, seq, max(counts))
     state = DynamicKV(config=model.config)
     fill(model, state, prefix)

@@ -122,6 +122,12 @@ def _host(values: torch.Tensor, copy: bool = False) -> torch.Tensor:
 TargetRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def one_tree_rows(probs: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | TargetRows:
+    """A one-tree rule's target rows (a tensor (rows, ...), or a function of row indices) in its batch form's terms:
+    the tensor as a batch of one, the function asked for the rows alone."""
+    return (lambda blocks, rows: probs(rows)) if callable(probs) else probs[None]
+
+
 def target_rows(probs: torch.Tensor | TargetRows) -> TargetRows:
     """``probs`` as the function of (blocks, rows) it stands for: a tensor (N, rows, ...) is indexed."""
     if callable(probs):
@@ -237,9 +243,8 @@ def verify_tree_sampling(branches: torch.Tensor, draft_probs: torch.Tensor, root
     branches: (d, γ); draft_probs: (d, γ, V); root_probs: (V,); branch_probs: (d, γ, V), or a function of branch
     indices (k,) giving those branches' (k, γ, V), called for the followed branch only.
     """
-    rows = branch_probs[None] if not callable(branch_probs) else (lambda blocks, followed: branch_probs(followed))
     branch, accepted, next_token = verify_tree_sampling_batch(branches[None], draft_probs[None], root_probs[None],
-                                                              rows, generator)
+                                                              one_tree_rows(branch_probs), generator)
     return TreeVerdict(branch=int(branch[0]), accepted=int(accepted[0]), next_token=int(next_token[0]))
 
 
@@ -322,8 +327,8 @@ def verify_any_tree_sampling(parents: Sequence[int], tokens: Sequence[int], scor
     target_probs: (rows, V), already shaped by temperature/top-k/top-p; or a function of row indices (k,) giving
     those rows' distributions (k, V), called for the rows the walk reaches only.
     """
-    rows = target_probs[None] if not callable(target_probs) else (lambda blocks, at: target_probs(at))
-    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, rows, generator, blocks=1)
+    paths, next_token = verify_any_tree_sampling_batch(parents, tokens, scores, one_tree_rows(target_probs),
+                                                       generator, blocks=1)
     return PathVerdict([int(row) for row in paths[0] if row >= 0], int(next_token[0]))
 
 

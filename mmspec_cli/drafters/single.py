@@ -127,7 +127,7 @@ class SingleModelDrafter(Drafter):
         return fit_vocab(self.cached.extend(tokens, 1)[-1], self.target_vocab), carry
 
     def _feed(self, token: int, carry: None, i: int) -> tuple[torch.Tensor, None]:
-        return fit_vocab(self.cached.extend([token], 1)[-1], self.target_vocab), None
+        return self._feed_lead([token], carry)
 
     def _compiled(self, first: torch.Tensor | None, lead: list[int] | None, carry: None,
                   steps: int) -> tuple[list[int], list] | None:
