@@ -152,6 +152,9 @@ def test_a_pooled_row_is_its_pooled_images_and_leaves_a_multimodal_row_beside_it
     (Qwen3-VL: its DeepStack features too)."""
     draft = qwen[family]["draft"]
     model = draft.model
+    if family == "qwen2_5_vl" and model.device.type == "cuda" and model.dtype == torch.float64:
+        pytest.skip("torch has no float64 CUDA kernel for Qwen2.5-VL's patch convolution (slow_conv3d_forward); "
+                    "this test runs float64")
     text = render_prompt(draft.processor, [QUESTION], [], 2)
     images = tiny_qwen.images(2)
     m_row, p_row = multimodal_row(draft)(text, images), pooled_row(draft, 2)(text, images)

@@ -156,8 +156,9 @@ def test_pass_k_scores_what_drafting_k_tokens_deep_computes(tiny_models, tmp_pat
     records = generate_answers(target, "t", [conversation(0)], tmp_path / "a.jsonl",
                                AnswerSettings(temperature=0.0, max_new_tokens=10, suffix=""))
     seq = read_sequence(target, Turn(conversation(0), records[0]))
-    seq = type(seq)(seq.ids, seq.prompt_len, seq.embeds.double(), seq.hidden.double())
-    lm_head = copy.deepcopy(target.model.get_output_embeddings()).cpu()  # the rule's maths, on the CPU's tensors
+    # the rule's maths runs on the CPU: the head is built there, so the target's features and LM head are copied to it
+    seq = type(seq)(seq.ids, seq.prompt_len, seq.embeds.double().cpu(), seq.hidden.double().cpu())
+    lm_head = copy.deepcopy(target.model.get_output_embeddings()).cpu()
     objective = HeadObjective(head, lm_head, target.image_token_id, losses.vispec_loss, passes=passes, noise=0.0)
     with torch.no_grad():
         _, stats = objective([seq])
