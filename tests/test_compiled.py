@@ -408,6 +408,8 @@ def test_a_greedy_chain_is_one_compiled_graph_that_drafts_what_the_eager_chain_d
     none = compiled_module.trace_key((None,))[0]
     if head is not None:  # a head's graph makes its first proposal too (no eager LM head call in a block)
         assert chain.traced and all(key[0] == none and key[1] == none for key in chain.traced)
+        # its catch-up's step makes its causal mask inside the graph (none passed): the drafts above are its test
+        assert any(key[2] == none for key in holder.compiled.graphs.traced)
     else:  # the verified tokens the draft lacks are fed in the graph (the lead): one after a rejected draft, two
         # after a block that accepted every draft (its last, never fed, and the target's token)
         leads = {key[1][1] for key in chain.traced if key[0] == none and key[1][0] == "tensor"}

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig
 
 from mmspec_cli.decoding.features import tap_for
+from mmspec_cli.decoding.kv_state import StaticKV
 from mmspec_cli.decoding.sampling import SamplingParams, TokenPicker
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.drafters.head import HeadDrafter, entries_mask
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.head import DraftHead, causal_mask, head_sequence, image_runs
 from mmspec_cli.models.head_files import head_config, load_head, save_head
@@ -437,3 +439,26 @@ def test_a_single_entrys_mask_is_the_last_row_of_a_longer_ones():
                                    causal_mask(2, seen - 1, torch.float32, "cpu")[..., -1:, :] if seen else
                                    causal_mask(1, 0, torch.float32, "cpu"), rtol=0, atol=0)
     assert causal_mask(2, 3, torch.float32, "cpu")[0, 0, 0, -1] == torch.finfo(torch.float32).min  # not yet seen
+
+
+def test_the_mask_a_compiled_head_step_makes_from_the_write_pointer_is_the_causal_mask_widened():
+    """A compiled head step given no mask makes it from its static cache's write pointer (``entries_mask``): for n new
+    entries after ``seen`` written ones, the causal mask widened to the state's capacity with the extra slots
+    hidden, as an eager step is given it."""
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=32)
+    state = StaticKV(config, 256)  # room for a padded step after every entry: fit_mask does not grow it
+
+    def check(seen):
+        for new in (1, 2, 5):
+            torch.testing.assert_close(entries_mask(state.cache, new, torch.float32),
+                                       state.fit_mask(causal_mask(new, seen, torch.float32, "cpu")), rtol=0, atol=0)
+
+    with torch.inference_mode():
+        for seen in (1, 3, 7):  # entries written (the first write allocates the layer)
+            entry = torch.zeros(1, 2, seen - state.length, 8)  # (batch, heads, positions, head size)
+            state.cache.layers[0].update(entry, entry)
+            state.wrote(entry.shape[2])
+            check(seen)
+        state.rollback(0)
+        check(0)

@@ -33,7 +33,7 @@ from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShap
 from mmspec_cli.decoding.features import position_ids
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step
-from mmspec_cli.decoding.kv_state import HeldState, KVState, static_pool
+from mmspec_cli.decoding.kv_state import HeldState, KVState, StaticKV, static_pool
 from mmspec_cli.decoding.sampling import TokenPicker
 from mmspec_cli.decoding.tree import ROOT, PendingTree
 from mmspec_cli.drafters.single import proposal
@@ -155,8 +155,7 @@ class HeadDrafter(Drafter):
         if len(seq.positions):
             positions = (position_ids(track.positions[first:held].to(self.device)) if self.eagle3
                          else torch.tensor([seq.positions], device=self.device))
-            out = self._forward(seq.inputs, positions,
-                                causal_mask(len(seq.positions), self.entries, seq.inputs.dtype, self.device))
+            out = self._forward(seq.inputs, positions)
             self.last_h = out[-1]
         self.pairs_done, self.glob = held, seq.glob
         self.base = self.entries
@@ -179,10 +178,20 @@ class HeadDrafter(Drafter):
     def _here(self, rows: torch.Tensor) -> torch.Tensor:
         return rows.to(device=self.device, dtype=self.head.fc.weight.dtype)
 
-    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(n, H) layer inputs -> (n, H) outputs, appended to the head's cache."""
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(n, H) layer inputs -> (n, H) outputs, appended to the head's cache. ``mask`` None: each new entry sees
+        every entry before it and the new ones up to itself, which a compiled step over an allocated state computes
+        inside its graph from the write pointer (:func:`entries_mask`), an eager one over a static state or of
+        several entries is given, and one entry over a dynamic cache (an eager chain's step) needs none."""
         state = self.state
-        mask = state.fit_mask(mask)
+        if mask is None and self.compiled is not None and state.allocated:
+            compiled = self.compiled(state, inputs[None], positions, None)
+            if compiled is not None:
+                return compiled[0][0]
+        if mask is None and (inputs.shape[0] > 1 or isinstance(state, StaticKV)):
+            mask = causal_mask(inputs.shape[0], self.entries, inputs.dtype, self.device)
+        if mask is not None:  # else one entry over a dynamic cache, which sees every key there is: no mask
+            mask = state.fit_mask(mask)
         compiled = self.compiled(state, inputs[None], positions, mask) if self.compiled is not None else None
         if compiled is not None:
             return compiled[0][0]
@@ -214,8 +223,7 @@ class HeadDrafter(Drafter):
 
     def _feed(self, token: int, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager draft step: the pair (h, e_token) at the next position, seeing every entry before it."""
-        h = self._forward(self._fuse([token], h[None]), self._draft_positions(self._position + i, 1),
-                          causal_mask(1, self.base + i, h.dtype, self.device))[-1]
+        h = self._forward(self._fuse([token], h[None]), self._draft_positions(self._position + i, 1))[-1]
         return self._logits(h), h
 
     def _compiled(self, first: torch.Tensor | None, lead: None, h: torch.Tensor,
@@ -272,14 +280,21 @@ def head_logits(head: DraftHead | Eagle3Head, lm_head: torch.nn.Module) -> Calla
 
 def compiled_head_step(head: DraftHead | Eagle3Head, device: torch.device) -> CompiledStep:
     """The one compiled step of ``head``'s layer in this process (``inputs, positions, mask, cache`` -> its outputs):
-    what a head drafts with under ``--compile``, and what ``profile-latency --compile`` times."""
+    what a head drafts with under ``--compile``, and what ``profile-latency --compile`` times. ``mask`` None: the
+    entries are causal after the cache's written ones (:func:`entries_mask`, made inside the graph: a catch-up's
+    and a chain step's case); a tree level passes its own."""
     if isinstance(head, Eagle3Head):
         midlayer, rotary = head.midlayer, head.rotary  # its parts: the registry's key stays collectable
         return shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
-            layer_pass(midlayer, rotary, inputs, positions, mask, cache),), "head", device)
+            layer_pass(midlayer, rotary, inputs, positions, own_mask(mask, cache, inputs), cache),), "head", device)
     layer, rotary = head.layers[0], head.rotary
     return shared_step(head, "body", lambda: lambda inputs, positions, mask, cache: (
-        layer_step(layer, rotary, inputs, positions, mask, cache),), "head", device)
+        layer_step(layer, rotary, inputs, positions, own_mask(mask, cache, inputs), cache),), "head", device)
+
+
+def own_mask(mask: torch.Tensor | None, cache, inputs: torch.Tensor) -> torch.Tensor:
+    """``mask``, or where it is None the causal mask of the (1, n, ...) ``inputs`` written after ``cache``'s entries."""
+    return entries_mask(cache, inputs.shape[1], inputs.dtype) if mask is None else mask
 
 
 def head_chain(head: DraftHead | Eagle3Head, step: CompiledStep) -> CompiledGraphs:
@@ -332,13 +347,18 @@ def chain_params(head: DraftHead | Eagle3Head, lm_head: torch.nn.Module, glob: t
     return lm_head.weight, lm_head.bias, None if glob is None else glob[None]
 
 
-def unwritten_mask(cache, h: torch.Tensor) -> torch.Tensor:
-    """The additive mask (1, 1, 1, capacity) of one new entry in a head's static cache: it sees every written slot
-    (those before the write pointer, its own included once written), nothing after."""
+def entries_mask(cache, new: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask (1, 1, new, capacity) of ``new`` entries written into a head's static cache from its write
+    pointer on: entry i sees every written slot and the new ones up to itself (slots up to the pointer + i), nothing
+    after; what :func:`~mmspec_cli.models.head.causal_mask` makes, widened to the capacity
+    (:meth:`~mmspec_cli.decoding.kv_state.KVState.fit_mask`), from the pointer, so that a graph makes it itself."""
     written = cache.layers[0]
-    unwritten = torch.arange(written.max_cache_len, device=h.device) > written.cumulative_length
-    mask = torch.zeros(unwritten.shape, dtype=h.dtype, device=h.device)
-    return mask.masked_fill(unwritten, torch.finfo(h.dtype).min)[None, None, None]
+    device = written.cumulative_length.device
+    slots = torch.arange(written.max_cache_len, device=device)
+    own = written.cumulative_length + torch.arange(new, device=device)  # the slot each new entry is written to
+    unwritten = slots[None, :] > own[:, None]
+    return torch.zeros(unwritten.shape, dtype=dtype, device=device).masked_fill(unwritten, torch.finfo(dtype).min)[
+        None, None]
 
 
 def head_step(head: DraftHead) -> Callable:
@@ -354,7 +374,7 @@ def head_step(head: DraftHead) -> Callable:
 
     def step(token, h, position, lm_weight, lm_bias, glob, cache):
         inputs = fuse(fc, img_fc, embed(token), h, glob)  # (1, H)
-        h = layer_step(layer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
+        h = layer_step(layer, rotary, inputs[None], position, entries_mask(cache, 1, h.dtype), cache)[0]
         return lm_head_proposal(h, lm_weight, lm_bias), h
 
     return step
@@ -369,7 +389,7 @@ def eagle3_step(head: Eagle3Head) -> Callable:
 
     def step(token, h, position, cache):
         inputs = own_pair(embed(token), h)  # (1, 2H)
-        h = layer_pass(midlayer, rotary, inputs[None], position, unwritten_mask(cache, h), cache)[0]
+        h = layer_pass(midlayer, rotary, inputs[None], position, entries_mask(cache, 1, h.dtype), cache)[0]
         return propose(h), h
 
     return step

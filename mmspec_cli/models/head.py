@@ -233,7 +233,7 @@ def head_sequence(head: DraftHead, ids: Sequence[int], features: torch.Tensor, e
         pairs += kept
         predicts += [False] * count
         p = t
-    inputs = torch.cat(rows) if rows else features.new_zeros(0, head.input_width)
+    inputs = (rows[0] if len(rows) == 1 else torch.cat(rows)) if rows else features.new_zeros(0, head.input_width)
     return HeadSequence(inputs, positions, pairs, predicts, glob)
 
 
