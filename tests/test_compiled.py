@@ -28,7 +28,8 @@ from mmspec_cli.decoding import step as step_module
 from mmspec_cli.decoding.events import BlockVerified
 from mmspec_cli.decoding.features import FeatureTrack
 from mmspec_cli.decoding.kv_state import StaticKV
-from mmspec_cli.drafters.head import HeadDrafter
+from mmspec_cli.drafters.head import HeadDrafter, compiled_head_step
+from mmspec_cli.models.head import causal_mask
 from tests import tiny
 from tests.conftest import load
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, sampled_pairs
@@ -508,6 +509,36 @@ class FirstWriteState:
 
     def wrote(self, fed: int, kept: int | None = None) -> None:
         self.length += fed if kept is None else kept
+
+
+def test_a_heads_compiled_step_given_no_mask_attends_as_the_eager_layer_does_padding_included(compiled):
+    """A head's compiled step called with no mask (a catch-up's and a sampled chain step's case) makes its causal mask
+    inside the graph from the write pointer: 7 entries, padded to 8, and then one entry give the outputs of the eager
+    layer over a dynamic cache given the host's causal mask, and the state holds the real entries only."""
+    head = compiled["heads"]["eagle"]
+    device, width = head.fc.weight.device, head.input_width
+    step = compiled_head_step(head, device)
+    generator = torch.Generator().manual_seed(0)
+
+    def rows(n):
+        return torch.randn(1, n, width, generator=generator, dtype=torch.float64).to(device)
+
+    state, reference = StaticKV(head.config, 256), DynamicCache(config=head.config)
+    prefix = rows(5)
+    with torch.inference_mode():
+        head.body(prefix, torch.arange(5, device=device)[None], state.fit_mask(causal_mask(5, 0, torch.float64, device)),
+                  state.cache)  # the first write allocates the state: eager
+        state.wrote(5)
+        head.body(prefix, torch.arange(5, device=device)[None], causal_mask(5, 0, torch.float64, device), reference)
+        for n in (7, 1):
+            seen, inputs = state.length, rows(n)
+            positions = torch.arange(seen, seen + n, device=device)[None]
+            got = step(state, inputs, positions, None)
+            assert got is not None, step.failed
+            expected = head.body(inputs, positions, causal_mask(n, seen, torch.float64, device), reference)
+            torch.testing.assert_close(got[0], expected)
+            assert state.length == seen + n == int(state.cache.layers[0].cumulative_length)
+    assert {key[0][1][1] for key in step.graphs.traced if key[2] == compiled_module.trace_key((None,))[0]} >= {8, 1}
 
 
 def test_a_step_returns_its_own_outputs_unless_padding_is_cut_off():
