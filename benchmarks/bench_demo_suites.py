@@ -58,8 +58,21 @@ def machine() -> str:
     import torch
 
     gpu = f"{torch.cuda.get_device_name(0)}, " if torch.cuda.is_available() else ""
-    return (f"{gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+    return (f"{gpu}{platform.processor() or platform.machine()}{cpu_model()}, {os.cpu_count()} CPUs, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+
+
+def cpu_model() -> str:
+    """`` (MODEL, AVX-512)`` from /proc/cpuinfo where Linux has it (the model name, and whether the cores have
+    AVX-512, which decides how fast small matrix products run), else empty."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wide = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return f" ({', '.join(part for part in (name, wide) if part)})" if name or wide else ""
 
 
 def table(rows: list[dict], column: str) -> dict[str, dict[str, float | None]]:

@@ -144,6 +144,27 @@ def worker_env(tree: Path, extra: dict | None = None) -> dict:
     return env
 
 
+def small_products(rows: tuple[int, ...] = (1, 6), calls: int = 2000) -> dict[str, float]:
+    """µs per call (median) of a linear of 144 -> 396 features (the demo target's MLP) over each of ``rows``, float32,
+    in this process (one thread): how much more six verified tokens' products cost than one's on this machine, which
+    moved between sessions (docs/BENCHMARKS.md, issue 31's eleventh session)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(396, 144, generator=generator)
+    found = {}
+    for n in rows:
+        x = torch.randn(n, 144, generator=generator)
+        times = []
+        for k in range(calls + 200):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, weight)
+            if k >= 200:  # warm-up calls first
+                times.append(time.perf_counter() - start)
+        found[str(n)] = 1e6 * statistics.median(times)
+    return found
+
+
 def median_range(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -665,6 +686,10 @@ def main() -> None:
         print(f"figures {','.join(map(str, sorted(args.figures)))}{' (--quick)' if args.quick else ''}; demo profile, "
               f"greedy, γ = {GAMMA}")
         report["machine"] = machine()
+        report["small_products_us"] = small_products()
+        one, six = report["small_products_us"]["1"], report["small_products_us"]["6"]
+        print(f"small matrix products here (a linear of 144 -> 396, the demo target's MLP, float32, one thread; median "
+              f"of 2000): 1 row {one:.1f} µs, 6 rows {six:.1f} µs ({six / one:.2f}x): context for figure 7's T(6)/T(1)")
         if 5 in args.figures:
             guarded(lambda: figure_size(trees, report))
         runs: dict = {}
