@@ -5,7 +5,8 @@ not arithmetic but the cost of each small operation right after a forward, which
 takes 1-2 µs warm takes 4-15 µs there (docs/BENCHMARKS.md). So the count of calls is what moves that figure. This
 script counts them with a ``TorchFunctionMode`` that records every torch function and tensor method called while no
 model forward runs (``bench_engine_block.ForwardClock``'s depth is 0) and nothing is being traced, per block, by
-name, and with ``--where`` by the line of mmspec (or of the library) that made it.
+name, and with ``--where`` by the line of mmspec (or of the library) that made it; and how many times a block enters
+``torch.inference_mode`` (each entry costs about 1.6 µs warm here: ``mmspec_cli/decoding/inference.py``).
 
 It times nothing: the mode itself costs far more than the calls it counts. Attribute reads (``__get__``: a
 tensor's shape, dtype, device) are counted too, though they cost far less than an op that makes a tensor.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 from pathlib import Path
 
@@ -84,16 +86,35 @@ def main() -> None:
             run()  # warm-up: compiles every shape the counted pass meets
             names.clear()
             sites.clear()
-            with Census():
+            entries = [0]
+            with Census(), counting_entries(torch.inference_mode, entries):
                 blocks = run()
             total = sum(names.values())
             print(f"\n{drafter}, {mode}: {total / blocks:.1f} torch calls per block outside forwards "
-                  f"({blocks} blocks; each turn's first, which feeds the prompt, included)")
+                  f"({blocks} blocks; each turn's first, which feeds the prompt, included); "
+                  f"{entries[0] / blocks:.1f} entries into torch.inference_mode per block")
             for name, count in names.most_common(args.top):
                 print(f"  {count / blocks:7.2f}  {name}")
             if where:
                 for site, count in sites.most_common(args.top):
                     print(f"  {count / blocks:7.2f}  {site}")
+
+
+@contextlib.contextmanager
+def counting_entries(manager: type, count: list[int]):
+    """Count in ``count[0]`` every entry into a context manager of class ``manager`` while the block runs (its
+    ``__enter__`` wrapped for that time, and put back)."""
+    enter = manager.__enter__
+
+    def counted(self):
+        count[0] += 1
+        return enter(self)
+
+    manager.__enter__ = counted
+    try:
+        yield
+    finally:
+        manager.__enter__ = enter
 
 
 if __name__ == "__main__":

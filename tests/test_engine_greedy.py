@@ -37,6 +37,29 @@ def test_lossless_whatever_the_draft_quality(tiny_models, refs, draft, expect, d
         assert 0.0 < rate < 1.0
 
 
+@pytest.mark.parametrize("drafter, kv", [("m", "dynamic"), ("m", "static"), ("tabed", "static")])
+def test_a_block_enters_inference_mode_once_whatever_it_calls(tiny_models, monkeypatch, drafter, kv):
+    """A block runs under one ``torch.inference_mode``: the calls it makes (the target's forward, the draft's chain,
+    each rollback, an ensemble's rows) find the mode on instead of entering it again (``decoding.inference``)."""
+    entries = []
+    enter = torch.inference_mode.__enter__
+
+    def counted(self):
+        entries.append(self)
+        return enter(self)
+
+    monkeypatch.setattr(torch.inference_mode, "__enter__", counted)
+    decoder = speculative_decoder(tiny_models["target"], drafter, tiny_models["perturbed"], gamma=3, kv=kv)
+    per_block = []
+    for event in decoder.stream(tiny.images(1), [QUESTION]):
+        per_block.append(len(entries))
+        entries.clear()
+    later_blocks = per_block[2:-1]  # after the turn's start and its first block, before the turn's end
+    assert later_blocks and set(later_blocks) == {1}, per_block
+    assert decoder.generate(tiny.images(1), [QUESTION]).turns[0].token_ids == reference(
+        tiny_models["target"], [QUESTION], [], 1)
+
+
 def test_block_statistics_are_consistent(tiny_models):
     turn = decode(tiny_models["target"], "m", tiny_models["perturbed"], gamma=4).turns[0]
     assert sum(len(b.tokens) for b in turn.blocks) == turn.stats.new_tokens == len(turn.token_ids)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_forward
 from mmspec_cli.decoding.features import FeatureTrack
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.decoding.kv_state import HeldState, KVState, static_pool
 from mmspec_cli.decoding.tree import PendingTree
 from mmspec_cli.errors import MmspecError
@@ -188,7 +189,7 @@ class CachedModel:
             return
         self.logits(ids, keep=1, vision=vision, prompt_len=prompt_len)
 
-    @torch.inference_mode()
+    @inference
     def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Feed tree nodes after the held ids (``parents``: earlier node indices, -1 for the held ids);
         logits (n, V) of every node. Nodes fed by earlier calls stay visible to their descendants."""
@@ -212,7 +213,7 @@ class CachedModel:
             self.features.hold_tree(positions)
         return out.logits[0]  # (n, V)
 
-    @torch.inference_mode()
+    @inference
     def keep_path(self, nodes: Sequence[int]) -> None:
         """Settle the tree: keep the entries of ``nodes`` (one path from the tree's top) after the held ids."""
         if self.tree is not None:
@@ -229,7 +230,7 @@ class CachedModel:
             if self.features is not None:
                 self.features.drop_tree()
 
-    @torch.inference_mode()
+    @inference
     def logits(self, ids: Sequence[int], keep: int = 1, vision: Mapping[str, torch.Tensor] | None = None,
                prompt_len: int | None = None) -> torch.Tensor:
         """Logits (keep, V) for the last ``keep`` positions of ``ids``; the cache then holds all of ``ids``.
@@ -275,7 +276,7 @@ class CachedModel:
             self.images_end, self.images_count = images_end, self.family.image_count(self.vision)
         return torch.cat([p for p in parts if p is not None])  # (keep, V)
 
-    @torch.inference_mode()
+    @inference
     def extend(self, tokens: Sequence[int], keep: int = 1) -> torch.Tensor:
         """In a block: feed ``tokens`` after the held ids; logits (keep, V) of the last ``keep`` of them."""
         self._still_held()
@@ -284,7 +285,7 @@ class CachedModel:
         self.ids.extend(tokens)
         return logits
 
-    @torch.inference_mode()
+    @inference
     def run_chain(self, graphs: CompiledGraphs, first: torch.Tensor | None, lead: list[int] | None, steps: int,
                   *params) -> list[int] | None:
         """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of ``graphs``

@@ -44,6 +44,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, StaticLayer
 
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.errors import MmspecError
 
 #: The most positions one compiled step feeds (its padding included: ``compiled.PADDED_SIZES``).
@@ -92,7 +93,7 @@ class KVState:
         """Whether the cache's buffers exist (a dynamic cache makes them as it grows)."""
         return True
 
-    @torch.inference_mode()
+    @inference
     def keep(self, start: int, entries: Sequence[int]) -> None:
         """Hold positions [0, start) followed by ``entries`` (ascending, all >= start): a tree's accepted path."""
         entries = list(entries)
@@ -176,7 +177,7 @@ class StaticKV(KVState):
         self.length = min(self.length, length)
         self._point(self.length)
 
-    @torch.inference_mode()  # the pointers are inference tensors once a forward under inference mode made them
+    @inference  # the pointers are inference tensors once a forward under inference mode made them
     def _point(self, length: int) -> None:
         pointers = self._pointers if self._pointers is not None else self._share_pointers()
         if pointers is not None:
@@ -209,7 +210,7 @@ class StaticKV(KVState):
         if self.length + fed > self.capacity:  # checked before entering inference mode: a block calls this often
             self._grow(fed)
 
-    @torch.inference_mode()
+    @inference
     def _grow(self, fed: int) -> None:
         if self.parent is not None:  # a view grows its owner's state, then looks at the grown layers
             self.parent.room_for(self.length + fed - self.parent.length)

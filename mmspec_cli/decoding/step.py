@@ -24,6 +24,7 @@ import torch
 
 from mmspec_cli.decoding.drafter import EMPTY_DRAFT, Draft, Drafter, DraftShape, Kept, TreeDraft, as_asked
 from mmspec_cli.decoding.events import BlockVerified, TurnResult
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.decoding.sampling import TokenPicker, branch_repeats, penalize_repeats
@@ -77,6 +78,7 @@ class BlockStep:
             return DraftShape(gamma)
         return DraftShape(gamma, s.kind, width=s.width, budget=s.budget, topk=s.topk)
 
+    @inference  # the whole block: the calls it makes find the mode on (:mod:`.inference`)
     def run(self, prompt: ModelPrompt, generated: list[int], gamma: int, picker: TokenPicker) -> BlockOutcome:
         laps = Laps()
         held = len(prompt.ids) + len(generated) - 1  # the verified tokens but the last: what the target holds

@@ -31,6 +31,7 @@ import torch
 from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, Kept, TreeDraft, TurnStart
 from mmspec_cli.decoding.features import position_ids
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, shared_step
 from mmspec_cli.decoding.kv_state import HeldState, KVState, StaticKV, static_pool
@@ -124,7 +125,7 @@ class HeadDrafter(Drafter):
 
     # ------------------------------------------------------------------ the verified context
 
-    @torch.inference_mode()
+    @inference
     def _catch_up(self, generated: Sequence[int]) -> int:
         """Feed the head every verified pair it lacks; returns the position of the last verified token."""
         if self.cached_target is None:
@@ -208,7 +209,7 @@ class HeadDrafter(Drafter):
 
     # ------------------------------------------------------------------ chains
 
-    @torch.inference_mode()
+    @inference
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         if shape.tree:
             return self.trees.draft(verified, shape, picker)
@@ -247,7 +248,7 @@ class HeadDrafter(Drafter):
 
     # ------------------------------------------------------------------ trees (tree_drafting)
 
-    @torch.inference_mode()
+    @inference
     def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         position = self._catch_up(verified)
         self._tree = PendingTree(base=self.entries)
@@ -255,7 +256,7 @@ class HeadDrafter(Drafter):
         self._outputs: list[torch.Tensor] = []
         return proposal(self._logits(self.last_h), picker)  # (V,)
 
-    @torch.inference_mode()
+    @inference
     def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE head forward of the level's nodes, each fed with its parent's output and seeing its own branch."""
         parents_h = torch.stack([self.last_h if p == ROOT else self._outputs[p] for p in parents])  # (n, H)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec_cli.decoding.compiled import CompiledGraphs, CompiledStep, compiled_chain, compiled_forward
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.decoding.kv import common_prefix_length, same_tensors, to_model
 from mmspec_cli.decoding.kv_state import HeldState, KVState, StaticPool, static_pool
 from mmspec_cli.decoding.sampling import working_dtype
@@ -315,7 +316,7 @@ class BatchedRows:
         self._prefill(rows)
         return []
 
-    @torch.inference_mode()
+    @inference
     def _prefill(self, rows: Sequence[Row]) -> None:
         length = max(len(r.ids) for r in rows)
         mask = torch.zeros(len(rows), length, dtype=torch.long, device=self.model.device)  # (B, L)
@@ -410,7 +411,7 @@ class BatchedRows:
         self._hide(prefix_len + keep)
         del self.shared[keep:]
 
-    @torch.inference_mode()
+    @inference
     def logits(self, shared: Sequence[int]) -> torch.Tensor:
         """At a turn's start: next-token logits (B, V) of every row after its prefix and ``shared`` (the shared tokens
         an earlier turn left are kept as far as they agree)."""
@@ -428,7 +429,7 @@ class BatchedRows:
         self.rollback(keep)
         return self.extend(shared[keep:])
 
-    @torch.inference_mode()
+    @inference
     def extend(self, tokens: Sequence[int]) -> torch.Tensor:
         """In a block: feed ``tokens`` to every row after the shared tokens held; the last one's logits (B, V)."""
         self._still_held()
@@ -445,7 +446,7 @@ class BatchedRows:
         """Shared tokens held."""
         return len(self.shared)
 
-    @torch.inference_mode()
+    @inference
     def run_chain(self, first: tuple[torch.Tensor, torch.Tensor] | None, lead: list[int] | None, steps: int,
                   weights: torch.Tensor, vocab: int) -> tuple[list[int], torch.Tensor] | None:
         """In a block: a greedy chain of ``steps`` tokens in ONE compiled graph of :func:`rows_step`, from ``first``
@@ -483,7 +484,7 @@ class BatchedRows:
 
     # ----------------------------------------------------------------- token trees (tree.PendingTree)
 
-    @torch.inference_mode()
+    @inference
     def tree_logits(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Feed tree nodes (the same tokens to every row) after the shared tokens; logits (B, n, V).
 
@@ -507,7 +508,7 @@ class BatchedRows:
         state.wrote(len(nodes))
         return out.logits  # (B, n, V)
 
-    @torch.inference_mode()
+    @inference
     def keep_path(self, nodes: Sequence[int]) -> None:
         """Settle the tree: the entries of ``nodes`` (one path) become shared tokens of every row."""
         if self.tree is None:

@@ -47,6 +47,7 @@ from mmspec_cli.models.prompts import ModelPrompt
 from mmspec_cli.decoding.chain import DraftStep, draft_chain
 from mmspec_cli.decoding.drafter import Draft, Drafter, DrafterTraits, DraftShape, TreeDraft, TurnStart
 from mmspec_cli.decoding.compiled import CompiledStep, shared_step
+from mmspec_cli.decoding.inference import inference
 from mmspec_cli.decoding.kv import CachedModel
 from mmspec_cli.decoding.kv_state import KVState
 from mmspec_cli.decoding.sampling import TokenPicker
@@ -199,7 +200,7 @@ class SelfSpeculativeDrafter(Drafter):
         view.room_for(len(tokens))
         return early_exit_logits(self.decoder, self.lm_head, view, ids, **tree)  # (n, V)
 
-    @torch.inference_mode()
+    @inference
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         """A chain drafted in the view, given back before verification: layers 0..n-1 are rolled back to the verified
         context at once (verification recomputes the block and must find the pointers there), so ``accept`` has
@@ -215,13 +216,13 @@ class SelfSpeculativeDrafter(Drafter):
     def _feed(self, token: int, carry: None, i: int) -> tuple[torch.Tensor, None]:
         return self._logits(self._view, [token])[-1], None
 
-    @torch.inference_mode()
+    @inference
     def _tree_root(self, verified: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         self._context, self._view = self._start(verified)
         self._tree = PendingTree(base=self._context + 1)  # the tree hangs off the last verified token, fed here
         return proposal(self._logits(self._view, [self._last(verified)])[-1], picker)  # (V,)
 
-    @torch.inference_mode()
+    @inference
     def _tree_level(self, tokens: Sequence[int], parents: Sequence[int], picker: TokenPicker) -> torch.Tensor:
         """ONE forward of the level's nodes through the shared layers, each seeing the prefix and its own branch."""
         nodes = self._tree.add(tokens, parents)
