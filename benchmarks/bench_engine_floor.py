@@ -90,6 +90,7 @@ def main() -> None:
         cached.logits(PROMPT, keep=1)
         state = cached.state
 
+        @torch.inference_mode()  # as the cached model calls its graphs: the state's tensors are inference tensors
         def step(token: int) -> int:
             out = call(torch.tensor([[token]]), torch.tensor([[state.length]]), state.cache)
             state.wrote(1)
