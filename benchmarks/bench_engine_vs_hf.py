@@ -391,7 +391,7 @@ def profile_runs(target, draft, images, args) -> None:
                     direct[f"{_short(path)}:{line}({func}) own"] = tt
                     continue
                 if func in ("_wrapped_call_impl", "_call_impl", "decorate_context"):
-                    continue  # the model forward, and the inference_mode wrapper of CachedModel.logits
+                    continue  # the model forward, and torch's inference_mode decorator where one is still used
                 for (cpath, _, _), cstats in callers.items():
                     if "mmspec_cli" in cpath:
                         key = f"{_short(path)}:{line}({func})"

@@ -20,7 +20,9 @@ import argparse
 import collections
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import bench_engine_block as engine_block
 
@@ -87,7 +89,7 @@ def main() -> None:
             names.clear()
             sites.clear()
             entries = [0]
-            with Census(), counting_entries(torch.inference_mode, entries):
+            with Census(), counting_entries(torch.inference_mode, entries, lambda mode: mode.mode):
                 blocks = run()
             total = sum(names.values())
             print(f"\n{drafter}, {mode}: {total / blocks:.1f} torch calls per block outside forwards "
@@ -101,13 +103,14 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def counting_entries(manager: type, count: list[int]):
-    """Count in ``count[0]`` every entry into a context manager of class ``manager`` while the block runs (its
-    ``__enter__`` wrapped for that time, and put back)."""
+def counting_entries(manager: type, count: list[int], which: Callable[[Any], bool] = lambda _: True):
+    """Count in ``count[0]`` every entry into a context manager of class ``manager`` for which ``which`` holds (for
+    ``torch.inference_mode``: those that turn the mode on) while the block runs (its ``__enter__`` wrapped for that
+    time, and put back)."""
     enter = manager.__enter__
 
     def counted(self):
-        count[0] += 1
+        count[0] += which(self)
         return enter(self)
 
     manager.__enter__ = counted

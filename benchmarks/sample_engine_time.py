@@ -119,7 +119,7 @@ def worker(drafter: str, mode: str, passes: int, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drafters", default="ar,m,tabed,eagle", help="drafters of the demo profile (no oracle)")
-    parser.add_argument("--modes", default="compiled,eager")
+    parser.add_argument("--modes", default="compiled,eager", help="compiled, eager or both, comma-separated")
     parser.add_argument("--passes", type=int, default=20, help="timed passes over the samples")
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--top", type=int, default=12, help="engine lines to print per run")
@@ -129,7 +129,12 @@ def main() -> None:
     if args.worker:
         worker(args.worker[0], args.worker[1], int(args.worker[2]), Path(args.worker[3]))
         return
-    spy = shutil.which("py-spy")
+    modes = args.modes.split(",")
+    if not set(modes) <= {"compiled", "eager"}:
+        print(f"error: --modes takes compiled and eager, not {args.modes!r}", file=sys.stderr)
+        sys.exit(2)
+    beside = Path(sys.executable).parent / "py-spy"  # a virtual environment's, when its bin is not on PATH
+    spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
     if spy is None:
         print("error: py-spy is not installed; run: pip install py-spy", file=sys.stderr)
         sys.exit(2)
@@ -138,21 +143,25 @@ def main() -> None:
 
     torch.set_num_threads(1)  # as the sampled worker runs
     print(f"machine: {machine()}")
-    for mode in args.modes.split(","):
+    failed = 0
+    for mode in modes:
         for drafter in args.drafters.split(","):
             with tempfile.TemporaryDirectory() as scratch:
                 raw, timed = Path(scratch) / "stacks.txt", Path(scratch) / "timing.json"
+                worker_command = [sys.executable, __file__, "--worker", drafter, mode, str(args.passes), str(timed)]
                 run = subprocess.run([spy, "record", "-r", str(args.rate), "-f", "raw", "-o", str(raw), "--",
-                                      sys.executable, __file__, "--worker", drafter, mode, str(args.passes), str(timed)],
-                                     capture_output=True, text=True, cwd=Path(__file__).parent,
+                                      *worker_command], capture_output=True, text=True, cwd=Path(__file__).parent,
                                      env={**os.environ, "MMSPEC_THREADS": "1"})
                 if run.returncode != 0 or not raw.exists() or not timed.exists():
                     tail = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
                     print(f"{drafter}, {mode}: the run failed: {tail}")
+                    failed += 1
                     continue
                 timing = json.loads(timed.read_text())
                 categories, lines = read_samples(raw)
             report(drafter, mode, timing, categories, lines, args.top, args.eager_top)
+    if failed:
+        sys.exit(1)
 
 
 def report(drafter: str, mode: str, timing: dict, categories: collections.Counter, lines: collections.Counter,

@@ -2,8 +2,8 @@
 
 ``@torch.inference_mode()`` enters the mode at every call, even when it is on already: it builds a context object,
 enters and leaves it (about 1.6 µs a call on this CPU when its caches are warm, several times that right after a
-forward). A block made several (on the demo family, greedy, per block: 6.0 for `m`, 6.2 for `tabed` and 3.1 for
-`eagle` eager; 3.7, 3.6 and 4.9 compiled; ``benchmarks/census_engine_ops.py``).
+forward). A block made several (on the demo family, greedy, per block: 6.0 for `m`, 6.1 for `tabed` and 3.1 for
+`eagle` eager; 3.7, 3.4 and 4.9 compiled; ``benchmarks/census_engine_ops.py``).
 :meth:`~mmspec_cli.decoding.step.BlockStep.run` runs its whole block under one ``torch.inference_mode()``, and the
 methods it reaches are decorated with :func:`inference`, which runs them as they are when the mode is on and enters
 it otherwise (a call from a test, a benchmark or a drafter's turn start). Each such call runs under the mode as it
