@@ -5,8 +5,8 @@ not arithmetic but the cost of each small operation right after a forward, which
 takes 1-2 µs warm takes 4-15 µs there (docs/BENCHMARKS.md). So the count of calls is what moves that figure. This
 script counts them with a ``TorchFunctionMode`` that records every torch function and tensor method called while no
 model forward runs (``bench_engine_block.ForwardClock``'s depth is 0) and nothing is being traced, per block, by
-name, and with ``--where`` by the line of mmspec (or of the library) that made it; and how many times a block enters
-``torch.inference_mode`` (each entry costs about 1.6 µs warm here: ``mmspec_cli/decoding/inference.py``).
+name, and with ``--where`` by the line of mmspec (or of the library) that made it; and how many times a block turns
+``torch.inference_mode`` on (each entry costs about 1.6 µs warm here: ``mmspec_cli/decoding/inference.py``).
 
 It times nothing: the mode itself costs far more than the calls it counts. Attribute reads (``__get__``: a
 tensor's shape, dtype, device) are counted too, though they cost far less than an op that makes a tensor.
