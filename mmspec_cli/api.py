@@ -22,7 +22,8 @@ from typing import Any
 
 from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.drafters import build_drafter, parse_drafter
-from mmspec_cli.drafters.registry import check_chain_only, require_captioner, require_vision_draft
+from mmspec_cli.drafters.registry import (DrafterPlan, check_chain_only, missing_draft, require_captioner,
+                                         require_vision_draft)
 from mmspec_cli.drafters.ssd import check_layer, layer_count, require_layer
 from mmspec_cli.decoding.compiled import compile_blocker
 from mmspec_cli.decoding.engine import SpeculativeDecoder
@@ -70,20 +71,9 @@ class ModelSet:
             check_count(threads, "threads")  # a bad count is refused before anything loads
         elif threads == AUTO_THREADS and os.environ.get(THREADS_ENV, "").strip():
             check_count(os.environ[THREADS_ENV], THREADS_ENV)
-        plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
-        language_draft = profile.draft is not None and is_language_model(model_type_on_disk(profile.draft))
-        for plan in plans:
-            require_captioner(plan, profile.captioner is not None)
-            require_vision_draft(plan, language_draft, profile.draft.model if language_draft else "")
+        plans = check_profile_runs(profile, drafters)
         decoding = profile.decoding
-        check_chain_only(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
-                         needs_ar_first=False)
-        if any(p.self_speculative for p in plans):
-            require_layer(profile.ssd.layer)  # unset: refused before loading anything
         head_specs = {p.head: head_spec(profile, p.head) for p in plans if p.head is not None}
-        check_compilable_profile(profile, any(p.needs_draft for p in plans))
-        if any(p.needs_draft for p in plans) and profile.draft is not None:
-            check_tokenizer_files(profile.target, profile.draft)  # another tokenizer: refused before any weights
         models = cls(profile, load_model(profile.target, "target", multi_gpu_ok=True))
         warn_unapplied_generation(models.target)
         if threads is not None:
@@ -142,6 +132,36 @@ class ModelSet:
             step_costs=step_costs if step_costs is not None else self.step_costs.get(drafter),
             repetition_penalty=decoding.repetition_penalty,
         )
+
+
+def check_profile_runs(profile: Profile, drafters: Sequence[str], needs_ar_first: bool = False,
+                       flag: str = "--drafter") -> list[DrafterPlan]:
+    """Refuse, before any model loads, every drafter of ``drafters`` that ``profile`` can't run, in one line each, and
+    return their plans: an unknown name; a tree or sampling that a chain-only drafter can't do (and ``oracle``
+    without ``ar`` before it when ``needs_ar_first``: bench and compare take ``ar``'s record); a draft model, a
+    captioner, an ``ssd.layer`` or a head of the drafter's kind that the profile lacks; an image member (``m``,
+    ``p``) over a language-only draft; ``--compile`` over a quantized model; a draft whose tokenizer can't be mapped
+    onto the target's (from their files alone). ``ModelSet.load`` and ``bench`` (before it opens ``--out``) both run
+    it; ``flag`` names the option a fix points to."""
+    plans = [parse_drafter(name, profile.ensemble.members) for name in drafters]
+    decoding = profile.decoding
+    check_chain_only(list(drafters), decoding.temperature == 0, decoding.tree, decoding.tree_width,
+                     needs_ar_first=needs_ar_first)
+    language_draft = profile.draft is not None and is_language_model(model_type_on_disk(profile.draft))
+    for plan in plans:
+        if plan.needs_draft and profile.draft is None:
+            raise missing_draft(plan.name, flag)
+        require_captioner(plan, profile.captioner is not None)
+        require_vision_draft(plan, language_draft, profile.draft.model if language_draft else "")
+        if plan.self_speculative:
+            require_layer(profile.ssd.layer)
+        if plan.head is not None:
+            head_spec(profile, plan.head)  # the profile names a head of that kind
+    needs_draft = any(p.needs_draft for p in plans)
+    check_compilable_profile(profile, needs_draft)
+    if needs_draft:
+        check_tokenizer_files(profile.target, profile.draft)  # another tokenizer: refused before any weights
+    return plans
 
 
 def check_compilable_profile(profile: Profile, needs_draft: bool) -> None:

@@ -374,6 +374,73 @@ def test_resume_names_the_drafting_setting_that_differs():
     assert len(line) < 200 and "holds results made with target /models/xx" in line  # the path cut in the middle
 
 
+@pytest.mark.parametrize("kind", ["eagle", "vispec", "eagle3"])
+def test_every_head_drafter_records_its_head_so_resume_refuses_another(run, files, tmp_path, no_model_loading, kind):
+    """A file made with one head of any kind (eagle3 included) is not continued with another head of that kind."""
+    from mmspec_cli.cli.bench import drafting_settings
+
+    def with_head(folder: str) -> str:
+        spec = yaml.safe_load(Path(files["profile"]).read_text()) | {"head": [{"model": folder, "kind": kind}]}
+        return write_profile_data(tmp_path / f"{kind}-{Path(folder).name}.yaml", spec)
+
+    first, second = with_head(str(tmp_path / "head-a")), with_head(str(tmp_path / "head-b"))
+    drafting = drafting_settings(load_profile(first), ["ar", kind])
+    assert drafting["head"] == [{"model": str(tmp_path / "head-a"), "kind": kind, "num_q": None, "revision": None}]
+    made = [dict(r, ensemble=json.dumps(drafting, sort_keys=True)) for r in run["records"] if r["drafter"] == "ar"]
+    out = write_jsonl(tmp_path / f"{kind}.jsonl", made)
+    result = runner.invoke(app, ["bench", files["manifest"], "--drafters", f"ar,{kind}", "--out", out, "--resume",
+                                 "--profile", second])
+    assert_one_line_error(result, f"--out {out} holds results made with head.model")
+    assert "head-a" in result.stderr and "head-b" in result.stderr
+    assert read_jsonl(out) == made  # nothing of the file changed
+
+
+def write_profile_data(path: Path, data: dict) -> str:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+#: What a profile can't run, each with the drafter that needs it, the profile's change and the refusal's words.
+CANT_RUN = {
+    "no draft": ("m", {"draft": None}, "drafter 'm' needs a draft model"),
+    "no captioner": ("tabed:mc", {}, "uses caption drafting (c) but the profile has no captioner"),
+    "no ssd layer": ("ssd", {}, "drafter 'ssd' needs ssd.layer"),
+    "no head": ("eagle3", {}, "drafter 'eagle3' needs a eagle3 head"),
+    "images to a language-only draft": ("m", {"draft": "language"}, "which shows the images to the draft"),
+    "a tree for pld": ("pld", {"decoding": {"tree_width": 2}}, "the pld drafter drafts chains"),
+    "compiling a quantized target": ("ar", {"decoding": {"compile": True}, "target": {"quantization": "8bit"}},
+                                     "--compile: the target model can't be compiled here"),
+}
+
+
+@pytest.mark.parametrize("case", CANT_RUN)
+def test_bench_and_model_loading_refuse_what_the_profile_cant_run_alike(files, tmp_path, no_model_loading, case):
+    """One function refuses for both (api.check_profile_runs): ``ModelSet.load`` (generate, compare, the Python
+    API) and ``bench``, before it opens --out, in the same words and before any model loads."""
+    from mmspec_cli.api import ModelSet
+
+    drafter, change, words = CANT_RUN[case]
+    data = yaml.safe_load(Path(files["profile"]).read_text())
+    if change.get("draft") == "language":  # a causal language model's folder: a draft with no vision part
+        language = tmp_path / "language-draft"
+        language.mkdir()
+        (language / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        change = {"draft": {"model": str(language)}}
+    for key, value in change.items():
+        data[key] = None if value is None else {**(data.get(key) or {}), **value}
+    data = {key: value for key, value in data.items() if value is not None}
+    profile = write_profile_data(tmp_path / "cant.yaml", data)
+    with pytest.raises(InputError) as refused:
+        ModelSet.load(load_profile(profile), [drafter])
+    assert words in str(refused.value)
+    out = tmp_path / "out.jsonl"
+    drafters = "ar" if drafter == "ar" else f"ar,{drafter}"
+    result = runner.invoke(app, ["bench", files["manifest"], "--drafters", drafters, "--out", str(out),
+                                 "--profile", profile])
+    assert assert_one_line_error(result, words) == f"error: {refused.value}".replace("--drafter ar", "--drafters ar")
+    assert not out.exists()
+
+
 def test_resume_of_a_finished_file_loads_no_model(run, files, no_model_loading):
     result = bench(files, files["manifest"], "--drafters", DRAFTERS, "--out", str(run["out"]), "--resume",
                    "--format", "json")

@@ -31,6 +31,8 @@ by hand), the 4-bit row check, every 4-bit drafter but ``ar`` and the sampling t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import yaml
@@ -40,6 +42,7 @@ pytest.importorskip("bitsandbytes")
 from mmspec_cli.drafters.captioner import Captioner  # noqa: E402
 from mmspec_cli.models import loading  # noqa: E402
 from mmspec_cli.models.profiles import ModelSpec  # noqa: E402
+from mmspec_cli.models.prompts import render_prompt  # noqa: E402
 from tests import tiny  # noqa: E402
 from tests.distributions import ENGINE_RUNS, PARAMS, chi_square_p_value, exact_joint, sampled_pairs  # noqa: E402
 from tests.helpers import DEVICE, QUESTION, assert_one_line_error, cli, own_generate, save_images, speculative_decoder  # noqa: E402
@@ -108,6 +111,94 @@ def test_an_8bit_target_has_no_outlier_columns_and_a_draft_keeps_the_default():
     draft = loading._quantization_config("8bit", torch.float32, "draft")
     assert target.load_in_8bit and target.llm_int8_threshold == loading.TARGET_INT8_THRESHOLD == 0.0
     assert draft.load_in_8bit and draft.llm_int8_threshold == 6.0
+
+
+def test_the_int8_threshold_is_each_roles_default_or_the_profiles_and_only_for_8bit(tmp_path):
+    """``quantization_threshold`` (``--int8-threshold``): unset, 0 for a target and bitsandbytes' 6.0 for a draft;
+    set, that value; refused in one line on a model that is not 8-bit, named by the key or by the flag."""
+    from mmspec_cli.errors import ProfileError
+    from mmspec_cli.models.profiles import apply_overrides, profile_from_dict
+
+    eight = ModelSpec(model="m", quantization="8bit")
+    assert loading.int8_threshold(eight, "target") == 0.0 and loading.int8_threshold(eight, "draft") == 6.0
+    chosen = ModelSpec(model="m", quantization="8bit", quantization_threshold=6.0)
+    assert loading.int8_threshold(chosen, "target") == 6.0
+    assert loading.int8_threshold(ModelSpec(model="m", quantization="4bit"), "target") is None
+    assert loading._quantization_config("8bit", torch.float32, "target", 6.0).llm_int8_threshold == 6.0
+    assert loading.coupled_rows_caveat(6.0, "target").startswith("warning: target.quantization_threshold 6: ")
+    assert loading.coupled_rows_caveat(0.0, "target") is None and loading.coupled_rows_caveat(6.0, "draft") is None
+    with pytest.raises(ProfileError, match=r"^target\.quantization_threshold is LLM\.int8's outlier threshold, for "
+                                           r"quantization: 8bit, and this model's quantization is null"):
+        profile_from_dict({"target": {"model": "m", "quantization_threshold": 6}})
+    quantized = profile_from_dict({"target": {"model": "m", "quantization": "8bit"}})
+    assert apply_overrides(quantized, int8_threshold=6.0).target.quantization_threshold == 6.0
+    with pytest.raises(ProfileError, match=r"^--int8-threshold: target\.quantization_threshold is LLM\.int8's"):
+        apply_overrides(profile_from_dict({"target": {"model": "m"}}), int8_threshold=6.0)
+    with pytest.raises(ProfileError, match=r"^--int8-threshold: expected a number >= 0, got -1"):
+        apply_overrides(quantized, int8_threshold=-1.0)
+
+
+def test_at_bitsandbytes_default_threshold_ar_gives_the_users_own_8bit_generate(models):
+    """``quantization_threshold: 6`` loads the 8-bit model a user's own ``from_pretrained(load_in_8bit=True)`` does
+    (every 8-bit layer at threshold 6), and ``ar``, which verifies one token at a time, gives its ``generate``'s
+    tokens. The default target (threshold 0) is another model: its tokens differ from that one's here."""
+    import bitsandbytes
+    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
+
+    spec = ModelSpec(model=models.dirs["target"], dtype="float32", device="cpu", quantization="8bit",
+                     quantization_threshold=6.0)
+    target = loading.load_model(spec, "target")
+    layers = [m for m in target.model.modules() if isinstance(m, bitsandbytes.nn.Linear8bitLt)]
+    assert layers and {m.state.threshold for m in layers} == {6.0} and target.int8_threshold == 6.0
+    own = AutoModelForImageTextToText.from_pretrained(models.dirs["target"], dtype=torch.float32, device_map="cpu",
+                                                      quantization_config=BitsAndBytesConfig(load_in_8bit=True))
+    users = loading.LoadedModel("target", "users-own", own.eval(), target.processor)
+    images = tiny.images(1)
+    expected = own_generate(users, [QUESTION], [], 1, images)
+    decoder = speculative_decoder(target, "ar", None, gamma=3)
+    assert decoder.generate(images, [QUESTION]).turns[0].token_ids == expected
+    text = render_prompt(target.processor, [QUESTION], [], 1)
+    inputs = target.processor(images=[images], text=text, return_tensors="pt")
+    with torch.no_grad():
+        logits = {name: model(**inputs).logits[0, -1] for name, model in
+                  (("users", own), ("six", target.model), ("default", models("target", "8bit").model))}
+    assert torch.equal(logits["six"], logits["users"])  # the same model, bit for bit
+    assert (logits["default"] - logits["users"]).abs().max() > 1e-3  # threshold 0 is another model here
+
+
+def test_generate_and_bench_name_the_8bit_targets_threshold(models, tmp_path):
+    """``--int8-threshold 6``: generate's summary line and every bench record say the threshold used, a warning says
+    what it costs, and a resume with another threshold is refused in one line; the default says 0."""
+    profile = tmp_path / "eight.yaml"
+    spec = {"dtype": "float32", "device": "cpu"}
+    profile.write_text(yaml.safe_dump({"target": {"model": models.dirs["target"], **spec, "quantization": "8bit"},
+                                       "draft": {"model": models.dirs["draft"], **spec},
+                                       "decoding": {"max_new_tokens": 4, "gamma": 2}}))
+    [image] = save_images(tmp_path, 1)
+    result = cli("generate", image, "-q", QUESTION, "--profile", str(profile), "--drafter", "ar", "--no-live",
+                 "--int8-threshold", "6")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines()[-1].endswith(", target 8-bit, int8 threshold 6")
+    assert "warning: target.quantization_threshold 6: " in result.stderr
+    default = cli("generate", image, "-q", QUESTION, "--profile", str(profile), "--drafter", "ar", "--json")
+    assert default.exit_code == 0 and json.loads(default.stdout)["int8_threshold"] == 0.0
+    assert "warning" not in default.stderr
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "images": [image], "turns": [QUESTION], "category": "c"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    ran = cli("bench", str(manifest), "--profile", str(profile), "--drafters", "ar,m", "--out", str(out),
+              "--int8-threshold", "6", "--no-warmup")
+    assert ran.exit_code == 0, ran.stderr
+    assert [json.loads(line)["int8_threshold"] for line in out.read_text().splitlines()] == [6.0, 6.0]
+    again = cli("bench", str(manifest), "--profile", str(profile), "--drafters", "ar,m", "--out", str(out), "--resume")
+    assert_one_line_error(again, f"--out {out} holds results made with int8_threshold 6.0 but this run uses 0.0")
+    refused = cli("generate", image, "-q", QUESTION, "--profile", str(profile), "--int8-threshold", "6",
+                  "--drafter", "ar")
+    assert refused.exit_code == 0  # (the same flag, accepted) and on a float target, one line:
+    float_profile = tmp_path / "float.yaml"
+    float_profile.write_text(yaml.safe_dump({"target": {"model": models.dirs["target"], **spec}}))
+    assert_one_line_error(cli("generate", image, "-q", QUESTION, "--profile", str(float_profile), "--int8-threshold",
+                              "6"), "--int8-threshold: target.quantization_threshold is LLM.int8's outlier threshold")
 
 
 @pytest.mark.parametrize("bits", BITS)

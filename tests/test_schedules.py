@@ -274,6 +274,35 @@ def test_greedy_output_is_the_targets_under_the_cost_schedule(tiny_models, draft
         assert [len(b.tree[0]) for b in blocks[:shown]] == [4] * shown  # (the costs would make the fourth block's 1)
 
 
+def test_a_drafter_is_priced_by_the_step_its_plan_declares_and_nothing_else():
+    """bench/latency.own_step, the one pricing switch behind Eq. (1) (bench, profile-latency) and the cost schedule:
+    each drafter's step as its plan declares it; a plan whose step disagrees with how it drafts, or a step the
+    switch does not know, is an error instead of another step's price."""
+    import types
+
+    from mmspec_cli.bench.latency import LatencyResult, own_step
+    from mmspec_cli.drafters.registry import DRAFT_STEPS, DrafterPlan, WHOLE_NAMES, parse_drafter
+
+    result = LatencyResult("cpu", "target", "draft", target_ms={"64,3": 14.0}, draft_ms={"1,64": 1.0, "2,64": 1.5},
+                           head_ms={"eagle": {"64": 0.25}, "eagle3": {"64": 0.3}}, ssd_ms={"ssd:plain": {"64": 4.0}},
+                           ssd={"layer": 2, "imitation": None})
+    expected = {"m": 1.0, "t": 1.0, "mt": 1.5, "tabed": 1.5, "tabed:mtc": None, "eagle": 0.25, "eagle3": 0.3,
+                "vispec": None, "ssd:plain": 4.0, "ssd": None, "pld": None, "oracle": None, "ar": None}
+    assert set(WHOLE_NAMES) <= set(expected)
+    for name, ms in expected.items():
+        plan = parse_drafter(name)
+        assert plan.step in (None, *DRAFT_STEPS) and plan.model_drafts == (plan.step is not None)
+        step = own_step(result, plan, ssd_layer=2)
+        assert (step.per_seq[64] if step else None) == ms, name
+    assert own_step(result, parse_drafter("m"), rows=2).ratio == {"batch": 2}  # a bench record's own rows
+    with pytest.raises(ValueError, match="declare the step its drafting runs"):
+        DrafterPlan("new", (), adaptive=False, step=None, head="eagle")  # a head priced as free
+    with pytest.raises(ValueError, match="declare the step its drafting runs"):
+        DrafterPlan("new", ("m",), adaptive=False, step="head")
+    with pytest.raises(ValueError, match="does not price"):
+        own_step(result, types.SimpleNamespace(name="new", step="verifier", members=()))
+
+
 def test_step_costs_take_each_drafters_own_step_from_a_cached_latency_result():
     from mmspec_cli.bench.latency import LatencyResult, step_costs
 

@@ -313,6 +313,8 @@ def test_an_eagle3_head_trains_on_its_draft_vocabulary_and_decodes_losslessly(ti
     answers = [json.loads(line) for line in Path(str(out) + ".answers.jsonl").read_text().splitlines()[1:]]
     counts = Counter(t for record in answers for t in record["answer_ids"])
     assert report["draft_vocab"] == 12 and len(report["final"]["loss"]) == 3 and report["draft_vocab_share"] < 1
+    # EAGLE-3's training applies no feature noise: the report, and the head's saved training block, say none
+    assert report["noise"] == 0 and json.loads((out / "config.json").read_text())["mmspec"]["training"]["noise"] == 0
     assert report["draft_vocab_share"] == pytest.approx(sum(c for _, c in counts.most_common(12)) / sum(counts.values()),
                                                         abs=1e-4)
     target = tiny_models["target"]

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN, tree_kind
+from mmspec_cli.choices import SSD_PLAIN, tree_kind
 from mmspec_cli.decoding.kv_state import DynamicKV
 from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.models.parts import with_cache
@@ -602,18 +602,65 @@ def load(device: str, target: str, draft: str, target_revision: str | None = Non
 NO_DRAFT = "none"
 
 
+@dataclass(frozen=True)
+class OwnStep:
+    """A drafter's own draft step as a cached result holds it (:func:`own_step`)."""
+
+    per_seq: dict[int, float]  # S -> ms of one step
+    chains: dict[tuple[int, int], float]  # (S, γ) -> ms of a compiled greedy chain of γ tokens (--compile)
+    ratio: dict[str, Any]  # the keywords of LatencyResult.ratio that price this step
+    shown: str  # how a summary names it
+    leads: bool  # whether its chains feed their catch-up's token first (StepCosts.chain_leads)
+
+
+def own_step(result: LatencyResult, plan: Any, rows: int | None = None, ssd_layer: int | None = None,
+             imitation: str | None = None) -> OwnStep | None:
+    """THE pricing switch: the draft step drafter ``plan`` (a :class:`~mmspec_cli.drafters.registry.DrafterPlan`)
+    declares, as ``result`` timed it, or None when it was not timed: a head's T_h(S) of its kind, ssd's T_s(S) when
+    timed at ``ssd_layer`` with ``imitation`` (:meth:`LatencyResult.times_ssd`; ``ssd:plain`` never uses one), the
+    draft model's T_q(B, S, 1) at ``rows`` batch rows (default: the plan's members; no other B stands in for it).
+    A plan that drafts with no network (``ar``, ``oracle``, ``pld``) has no step: None. A step this function does
+    not know is an error, never priced as another's. ``bench``'s Eq. (1), ``profile-latency``'s and
+    ``--gamma-schedule cost`` all look a drafter's step up here."""
+    from mmspec_cli.drafters.registry import DRAFT_MODEL_STEP, EARLY_EXIT_STEP, HEAD_STEP
+
+    name = plan.name
+    if plan.step is None:
+        return None
+    if plan.step == HEAD_STEP:
+        per_seq, chains = result.head_ms.get(name, {}), result.head_chain_ms.get(name, {})
+        ratio, shown, leads = {"head": name}, f"{name} head step T_h", False  # a head's catch-up is its own T_h
+    elif plan.step == EARLY_EXIT_STEP:  # its compiled chain calls its compiled step γ times: no chain graph
+        per_seq = result.ssd_ms.get(name, {}) if result.times_ssd(name, ssd_layer, imitation) else {}
+        chains, ratio, leads = {}, {"ssd": name}, False
+        through = " + imitation network" if name == "ssd" and imitation else ""
+        layers = f"{ssd_layer} layer" if ssd_layer == 1 else f"{ssd_layer} layers"
+        shown = f"ssd's own step T_s: the target's first {layers}{through}"
+    elif plan.step == DRAFT_MODEL_STEP:
+        batch = str(rows or len(plan.members))
+        per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
+        chains = {key.split(",", 1)[1]: ms for key, ms in result.draft_chain_ms.items() if key.split(",")[0] == batch}
+        ratio, shown, leads = {"batch": int(batch)}, f"draft model step T_q, B={batch}", result.draft_chains_lead
+    else:
+        raise ValueError(f"drafter '{name}' drafts with a {plan.step!r} step, which bench/latency.own_step does not "
+                         f"price; add it there")
+    if not per_seq:
+        return None
+    return OwnStep({int(s): ms for s, ms in per_seq.items()},
+                   {(int(s), int(g)): ms for key, ms in chains.items() for s, g in [key.split(",")]}, ratio, shown,
+                   leads)
+
+
 def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[str] = ("m", "t"),
                ssd_layer: int | None = None, imitation: str | None = None, greedy: bool = True) -> StepCosts | None:
     """What ``--gamma-schedule cost`` prices ``drafter``'s blocks with, from a cached ``result``; None when the
-    result lacks ``drafter``'s draft step (or ``drafter`` is ``ar``, which drafts nothing).
+    result lacks ``drafter``'s draft step (:func:`own_step`) or ``drafter`` is ``ar``, which drafts nothing.
 
-    The verification is ``result``'s T_p(1, S, n) grid; one draft step is the draft model's T_q(B, S, 1) at the
-    drafter's B batch rows (its ensemble members: 1 for ``m``, ``t``; 2 for ``mt``; the profile's members for
-    ``tabed``), as measured (no other B stands in for it), a head's T_h(S) (``eagle``, ``vispec``), ssd's T_s(S) when
-    it was timed at ``ssd_layer`` with ``imitation`` (:meth:`LatencyResult.times_ssd`), and nothing for ``oracle``
-    and ``pld``, which run no model to draft. A ``greedy`` run of a ``--compile`` result also gets the chains it
-    drafts in one graph (the draft model's T_chain at its rows, a head's T_hc); a sampled chain is drafted step by
-    step."""
+    The verification is ``result``'s T_p(1, S, n) grid; one draft step is the step :func:`own_step` finds (the draft
+    model's T_q(B, S, 1) at the drafter's B rows: 1 for ``m``, ``t``; 2 for ``mt``; the profile's members for
+    ``tabed``; a head's T_h(S); ssd's T_s(S) at ``ssd_layer`` with ``imitation``), and nothing for ``oracle`` and
+    ``pld``, which run no model to draft. A ``greedy`` run of a ``--compile`` result also gets the chains it drafts
+    in one graph (the draft model's T_chain at its rows, a head's T_hc); a sampled chain is drafted step by step."""
     if drafter == "ar":
         return None
     verify = {(int(s), int(n)): ms for key, ms in result.target_ms.items() for s, n in [key.split(",")]}
@@ -624,19 +671,10 @@ def step_costs(result: LatencyResult, drafter: str, default_members: Sequence[st
     plan = parse_drafter(drafter, tuple(default_members))
     if not plan.model_drafts:
         return StepCosts(verify)
-    chains: dict[str, float] = {}  # "S,γ" -> ms
-    if drafter in HEAD_KINDS:
-        per_seq = result.head_ms.get(drafter, {})
-        chains = result.head_chain_ms.get(drafter, {})
-    elif drafter in ("ssd", SSD_PLAIN):  # its compiled chain calls its compiled step γ times: no chain graph
-        per_seq = result.ssd_ms.get(drafter, {}) if result.times_ssd(drafter, ssd_layer, imitation) else {}
-    else:
-        batch = str(len(plan.members))
-        per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
-        chains = {key.split(",", 1)[1]: ms for key, ms in result.draft_chain_ms.items() if key.split(",")[0] == batch}
-    chain_ms = {(int(s), int(g)): ms for key, ms in chains.items() for s, g in [key.split(",")]} if greedy else {}
-    leads = result.draft_chains_lead and drafter not in HEAD_KINDS
-    return StepCosts(verify, {int(s): ms for s, ms in per_seq.items()}, chain_ms, leads) if per_seq else None
+    step = own_step(result, plan, ssd_layer=ssd_layer, imitation=imitation)
+    if step is None:
+        return None
+    return StepCosts(verify, step.per_seq, step.chains if greedy else {}, step.leads)
 
 
 def profile_argument(profile) -> str:

@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module befor
     from mmspec_cli.decoding.events import TurnResult
 
 SETTINGS = ("gamma", "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed",
-            "ensemble")
+            "ensemble", "int8_threshold")
 REQUIRED = ("turn", "token_ids", "new_tokens", "blocks", "wall_s")  # in every record that is not an error
 
 Record = dict[str, Any]
@@ -455,11 +455,18 @@ def other_settings(path: Path, name: str, recorded: Any, current: Any) -> str:
         old, new = before.get(key, _UNSET), now.get(key, _UNSET)
         if old == new:
             continue
+        if _one_each(old, new):  # the heads: one of each kind in both, compared as one mapping each
+            old, new = old[0], new[0]
         if isinstance(old, dict) and isinstance(new, dict):  # the one key inside that differs: ensemble.members
             inner = next(k for k in sorted(set(old) | set(new)) if old.get(k, _UNSET) != new.get(k, _UNSET))
             return _differs(path, f"{key}.{inner}", old.get(inner, _UNSET), new.get(inner, _UNSET), fix)
         return _differs(path, key, _kind(old), _kind(new), fix)
     return _differs(path, name, recorded, current, fix)  # the same settings written differently
+
+
+def _one_each(old: Any, new: Any) -> bool:
+    """Whether ``old`` and ``new`` are lists of one mapping each (a run's one head)."""
+    return all(isinstance(v, list) and len(v) == 1 and isinstance(v[0], dict) for v in (old, new))
 
 
 def _drafting(text: Any) -> dict[str, Any] | None:

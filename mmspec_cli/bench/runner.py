@@ -54,12 +54,18 @@ class RunSettings:
     seed: int | None = None
     ensemble: str = ""  # the profile's drafting settings (ensemble, pooling, a non-constant gamma schedule), as JSON
     threads: int | None = None  # CPU threads torch used (models/threads.py); None: its default (models on a GPU)
+    #: an 8-bit target's LLM.int8 outlier threshold (``--int8-threshold``); None: the target is not 8-bit
+    int8_threshold: float | None = None
 
     def record_fields(self) -> dict[str, Any]:
-        """The settings each record carries (``--resume`` refuses a file made with others)."""
-        return {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
-                "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
-                "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble, "threads": self.threads}
+        """The settings each record carries (``--resume`` refuses a file made with others); ``int8_threshold`` only
+        for an 8-bit target, so that other records keep their fields."""
+        fields = {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
+                  "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
+                  "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble, "threads": self.threads}
+        if self.int8_threshold is not None:
+            fields["int8_threshold"] = self.int8_threshold
+        return fields
 
     def turns(self, sample: Sample) -> int:
         return min(len(sample.turns), self.max_turns or len(sample.turns))

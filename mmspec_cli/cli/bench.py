@@ -134,30 +134,19 @@ def parse_drafters(text: str) -> list[str]:
 
 
 def check_profile_fits(names: list[str], profile: Profile) -> None:
-    """Refuse drafters the profile can't run, before any model loads."""
+    """Refuse drafters the profile can't run, before any model loads: the engine's drafters as ``ModelSet.load``
+    refuses them (``api.check_profile_runs``, with ``ar`` before ``oracle``), and the bench peer rows, which run the
+    profile's draft model."""
+    from mmspec_cli.api import check_profile_runs
     from mmspec_cli.bench.peers import PEERS
-    from mmspec_cli.drafters.registry import check_chain_only, parse_drafter, require_captioner
-    from mmspec_cli.drafters.ssd import require_layer
+    from mmspec_cli.drafters.registry import missing_draft
 
-    decoding = profile.decoding
-    check_chain_only(names, decoding.temperature == 0, decoding.tree, decoding.tree_width)
+    check_profile_runs(profile, [name for name in names if name not in PEERS], needs_ar_first=True, flag="--drafters")
     for name in names:
         if name in PEERS:
             PEERS[name].check_profile(profile)
-            needs_draft = True  # every peer is an assisted generation with the profile's draft
-        else:
-            plan = parse_drafter(name, profile.ensemble.members)
-            needs_draft = plan.needs_draft
-            require_captioner(plan, profile.captioner is not None)
-            if plan.self_speculative:
-                require_layer(profile.ssd.layer)
-            if plan.head is not None:
-                from mmspec_cli.api import head_spec
-
-                head_spec(profile, plan.head)  # the profile names a head of that kind
-        if needs_draft and profile.draft is None:
-            raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, "
-                             f"or use --drafters ar")
+            if profile.draft is None:  # every peer is an assisted generation with the profile's draft
+                raise missing_draft(name, "--drafters")
 
 
 def pin_local_device(profile: Profile, env) -> Profile:
@@ -211,29 +200,15 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
     from mmspec_cli.bench.samples import check_image_files, select
     from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.models.loading import int8_threshold
 
     decoding = profile.decoding
-    plain = profile_to_dict(profile)
-    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
-    if decoding.gamma_schedule != "constant":  # only when used, so older files stay resumable
-        drafting["gamma_schedule"] = decoding.gamma_schedule
-    if decoding.tree_width != 1:
-        drafting["tree_width"] = decoding.tree_width
-    if decoding.tree is not None:  # only when set, so older files stay resumable
-        drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
-                                                      "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
-    if {"ssd", SSD_PLAIN} & set(names):
-        drafting["ssd"] = plain["ssd"]
-    if decoding.compile:  # only when on, so older files stay resumable; compiled and eager times are not mixed
-        drafting["compile"] = True
-    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
-    if heads and set(names) & {"eagle", "vispec"}:  # only when used, so older files stay resumable
-        drafting["head"] = heads
-    ensemble = json.dumps(drafting, sort_keys=True)
+    ensemble = json.dumps(drafting_settings(profile, names), sort_keys=True)
     settings = RunSettings(drafters=tuple(names), max_turns=turns, prompt_style=prompt_style, gamma=decoding.gamma,
                            max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
                            target=profile.target.model, draft=profile.draft.model if profile.draft else None,
-                           top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble)
+                           top_p=decoding.top_p, top_k=decoding.top_k, seed=decoding.seed, ensemble=ensemble,
+                           int8_threshold=int8_threshold(profile.target, "target"))
     results = ResultsFile.open(out, resume, settings.record_fields())  # locked until the run ends
     try:
         with results:
@@ -286,6 +261,32 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     if out is None:
         typer.echo("note: no --out given; the records were not saved", err=True)
     return _report(records, profile, fmt, label)
+
+
+def drafting_settings(profile: Profile, names: list[str]) -> dict:
+    """The drafting settings every record of a run carries (its ``ensemble`` field, as JSON), which ``--resume``
+    compares key by key (bench/records.py ``other_settings``): the ensemble and pooling settings always; the γ
+    schedule, the tree, ``--compile``, ssd's settings and the heads only when set or used, so that files made
+    before a key existed stay resumable. The heads are those of the head drafters (``choices.HEAD_KINDS``: eagle,
+    vispec, eagle3) that run, so a file made with one head is not continued with another."""
+    decoding = profile.decoding
+    plain = profile_to_dict(profile)
+    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
+    if decoding.gamma_schedule != "constant":
+        drafting["gamma_schedule"] = decoding.gamma_schedule
+    if decoding.tree_width != 1:
+        drafting["tree_width"] = decoding.tree_width
+    if decoding.tree is not None:
+        drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
+                                                      "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
+    if {"ssd", SSD_PLAIN} & set(names):
+        drafting["ssd"] = plain["ssd"]
+    if decoding.compile:  # compiled and eager times are not mixed
+        drafting["compile"] = True
+    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
+    if heads and set(names) & set(HEAD_KINDS):
+        drafting["head"] = heads
+    return drafting
 
 
 def interrupted_line(results, again: str) -> str:
@@ -438,20 +439,19 @@ def _ssd_setting(records: list[dict], profile: Profile) -> tuple[int | None, str
 
 def _own_step(name: str, records: list[dict], measured, profile: Profile) -> tuple[dict, str] | None:
     """How to look drafter ``name``'s own draft step up in ``measured`` (keywords of ``LatencyResult.ratio``) and how
-    the summary names it; None when it was not timed."""
-    if name in HEAD_KINDS:
-        return ({"head": name}, f"{name} head step T_h") if name in measured.head_ms else None
-    if name in ("ssd", SSD_PLAIN):
-        layer, imitation = _ssd_setting(records, profile)
-        if not measured.times_ssd(name, layer, imitation):
-            return None
-        through = " + imitation network" if name == "ssd" and imitation else ""
-        layers = f"{layer} layer" if layer == 1 else f"{layer} layers"
-        return {"ssd": name}, f"ssd's own step T_s: the target's first {layers}{through}"
-    if not measured.draft_ms:
+    the summary names it (``bench/latency.own_step``, at the records' batch rows and ssd settings); None when it was
+    not timed."""
+    from mmspec_cli.bench.latency import own_step
+    from mmspec_cli.drafters.registry import parse_drafter
+
+    try:
+        plan = parse_drafter(name, profile.ensemble.members)
+    except InputError:  # a name this version does not take (an older release's record): not priced
         return None
-    batch = len(records[0].get("members") or ()) or 1
-    return {"batch": batch}, f"draft model step T_q, B={batch}"
+    layer, imitation = _ssd_setting(records, profile)
+    step = own_step(measured, plan, rows=len(records[0].get("members") or ()) or 1, ssd_layer=layer,
+                    imitation=imitation)
+    return None if step is None else (step.ratio, step.shown)
 
 
 def _untimed_name(name: str, records: list[dict], profile: Profile) -> str:

@@ -84,19 +84,29 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
-def summary_line(stats: RunStats) -> str:
-    """One line of turn statistics; acceptance rate ``-`` when nothing was drafted."""
+def summary_line(stats: RunStats, model: str = "") -> str:
+    """One line of turn statistics; acceptance rate ``-`` when nothing was drafted; ``model``: what the line says of
+    the target (:func:`model_note`), after the figures."""
     rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
     return (f"{stats.new_tokens} new tokens, {stats.blocks} blocks, block efficiency {stats.block_efficiency:.2f}, "
-            f"acceptance rate {rate}, {stats.tokens_per_s:.1f} tokens/s, {stats.wall_s:.2f} s")
+            f"acceptance rate {rate}, {stats.tokens_per_s:.1f} tokens/s, {stats.wall_s:.2f} s"
+            + (f", {model}" if model else ""))
+
+
+def model_note(target: Any) -> str:
+    """What a summary line says of a loaded target (``models.loading.LoadedModel``): its LLM.int8 outlier threshold
+    when it is 8-bit (which decides whether every drafter gives its own ``generate``'s output; README), else nothing."""
+    threshold = getattr(target, "int8_threshold", None)
+    return "" if threshold is None else f"target 8-bit, int8 threshold {threshold:g}"
 
 
 class LiveView:
     """Renders events on a terminal with rich ``Live``, one live region per turn."""
 
-    def __init__(self, tokenizer: Any, console: Console | None = None, members: Sequence[str] = ()):
+    def __init__(self, tokenizer: Any, console: Console | None = None, members: Sequence[str] = (), model: str = ""):
         self.tokenizer = tokenizer
         self.members = members
+        self.model = model  # what the summary line says of the target (model_note)
         self.console = console or Console()
         self.live: Live | None = None
         self.text = Text()
@@ -120,7 +130,8 @@ class LiveView:
             self.live.update(shown, refresh=True)
         elif isinstance(event, TurnFinished):
             self._stop()
-            self.console.print(summary_line(event.result.stats), style="dim", highlight=False, soft_wrap=True)
+            self.console.print(summary_line(event.result.stats, self.model), style="dim", highlight=False,
+                               soft_wrap=True)
 
     def _start(self, event: TurnStarted) -> None:
         self.console.print(Text(f"> {event.question}", style="dim"), soft_wrap=True)
@@ -140,9 +151,10 @@ class LiveView:
 class PlainView:
     """Streams each turn's text to stdout as it is verified; summaries go to stderr."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, model: str = ""):
         self.tokenizer = tokenizer
         self.decoded = IncrementalText(tokenizer)
+        self.model = model  # what the summary line says of the target (model_note)
 
     def __enter__(self) -> PlainView:
         return self
@@ -157,7 +169,7 @@ class PlainView:
             typer.echo(self.decoded.add(event.tokens), nl=False)
         elif isinstance(event, TurnFinished):
             typer.echo()
-            typer.echo(summary_line(event.result.stats), err=True)
+            typer.echo(summary_line(event.result.stats, self.model), err=True)
 
 
 def block_json(block: BlockVerified) -> dict:

@@ -68,10 +68,13 @@ def _run(profile: Profile, pictures: list, questions: list[str], raw_prompt: str
         decoder.step_costs = costs.get(profile.drafter)
     if as_json:
         generation = decoder.generate(pictures, questions, raw_prompt, turn_images=turn_images)
-        typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict()}))
+        quantized = {} if decoder.target.int8_threshold is None else {"int8_threshold": decoder.target.int8_threshold}
+        typer.echo(json.dumps({**display.generation_json(generation, profile.name), "threads": choice.as_dict(),
+                               **quantized}))
     else:
-        tokenizer = decoder.target.tokenizer
-        view = display.LiveView(tokenizer, members=decoder.members) if live else display.PlainView(tokenizer)
+        tokenizer, model = decoder.target.tokenizer, display.model_note(decoder.target)
+        view = display.LiveView(tokenizer, members=decoder.members, model=model) if live else \
+            display.PlainView(tokenizer, model=model)
         with view:
             for event in decoder.stream(pictures, questions, raw_prompt, turn_images=turn_images):
                 view.handle(event)

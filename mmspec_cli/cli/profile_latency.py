@@ -21,7 +21,7 @@ import typer
 
 from mmspec_cli.cli.errors import shorten
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, check_writable, flag_type
-from mmspec_cli.choices import HEAD_KINDS, MAX_GAMMA, SSD_PLAIN
+from mmspec_cli.choices import MAX_GAMMA, SSD_PLAIN
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import apply_overrides, load_profile
 
@@ -214,7 +214,7 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     head_ratios = {kind: {g: result.ratio(seq=seqs[0], gamma=g, head=kind) for g in GAMMAS_FOR_EQ1} for kind in heads}
     ssd_ratios = {name: {g: result.ratio(seq=seqs[0], gamma=g, ssd=name) for g in GAMMAS_FOR_EQ1}
                   for name in result.ssd_ms}
-    own = {name: own_ratios(name, ratios, head_ratios, ssd_ratios) for name in taus}
+    own = {name: own_ratios(name, result, profile, seqs[0], batches[0]) for name in taus}
     speedups = {name: {g: expected_speedup(t, g, own[name][g]) for g in GAMMAS_FOR_EQ1}
                 for name, t in taus.items() if own[name]}
     if as_json:
@@ -240,15 +240,24 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
                          f"({unsaved.strerror or unsaved}); set MMSPEC_CACHE to a writable folder and run again")
 
 
-def own_ratios(name: str, ratios: dict, head_ratios: dict, ssd_ratios: dict) -> dict | None:
-    """The latency ratios (γ -> c) of drafter ``name``'s own draft step: a head's T_h, ssd's T_s (``ssd`` and
-    ``ssd:plain`` never run the draft model), the draft model's T_q for every other name (and ``--tau``);
-    None when that step was not timed, so no Eq. (1) is shown rather than one with another drafter's ratio."""
-    if name in HEAD_KINDS:
-        return head_ratios.get(name)
-    if name in ("ssd", SSD_PLAIN):
-        return ssd_ratios.get(name)
-    return ratios or None
+def own_ratios(name: str, result, profile, seq: int, batch: int) -> dict | None:
+    """The latency ratios (γ -> c, at prefix ``seq``) of drafter ``name``'s own draft step as ``bench/latency.own_step``
+    prices it (a head's T_h, ssd's T_s, the draft model's T_q at the drafter's rows); ``--tau`` given alone names no
+    drafter and is priced as the draft model's step at ``batch`` rows (the first ``--batch``). None when that step was
+    not timed (or the name is not a drafter of this version), so no Eq. (1) is shown rather than one with another
+    drafter's ratio."""
+    from mmspec_cli.bench.latency import own_step
+    from mmspec_cli.drafters.registry import parse_drafter
+
+    try:
+        plan = parse_drafter("m" if name == "--tau" else name, profile.ensemble.members)
+    except InputError:
+        return None
+    step = own_step(result, plan, rows=batch if name == "--tau" else None, ssd_layer=profile.ssd.layer,
+                    imitation=profile.ssd.imitation)
+    if step is None:
+        return None
+    return {g: result.ratio(seq=seq, gamma=g, **step.ratio) for g in GAMMAS_FOR_EQ1}
 
 
 def _ssd_timing(profile, target):

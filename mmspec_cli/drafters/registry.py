@@ -42,17 +42,37 @@ from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, t
 WHOLE_NAMES = ("ar", "ssd", *HEAD_KINDS, PLD, ORACLE)
 
 
+#: The draft steps a drafter's drafting is priced by (Eq. (1)'s c, ``--gamma-schedule cost``), as ``profile-latency``
+#: times them; each plan declares its own (:attr:`DrafterPlan.step`), and ``bench/latency.own_step`` is the one
+#: place that turns it into a cached timing.
+DRAFT_MODEL_STEP = "draft model"  # T_q(B, S, 1): one forward of the draft model over the drafter's B rows (members)
+HEAD_STEP = "head"  # T_h(S): one step of the drafter's trained head (eagle, vispec, eagle3)
+EARLY_EXIT_STEP = "early exit"  # T_s(S): the target's first ssd.layer layers (ssd: and its imitation network)
+DRAFT_STEPS = (DRAFT_MODEL_STEP, HEAD_STEP, EARLY_EXIT_STEP)
+
+
 @dataclass(frozen=True)
 class DrafterPlan:
-    """What a drafter name means: its members and whether weights adapt (TABED) or stay equal."""
+    """What a drafter name means: its members, whether weights adapt (TABED) or stay equal, and ``step``, the draft
+    step its drafting costs (one of :data:`DRAFT_STEPS`; None: no network drafts, ``ar``, ``oracle``, ``pld``).
+    ``step`` has no default, so a new kind of drafter says how it is priced; it must agree with the kind's flags."""
 
     name: str
     members: tuple[str, ...]
     adaptive: bool
+    step: str | None
     self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
-    head: str | None = None  # eagle / vispec: the kind of trained head that drafts; no draft model
+    head: str | None = None  # eagle / vispec / eagle3: the kind of trained head that drafts; no draft model
     oracle: bool = False  # oracle: replays a first ar run; no model drafts
     prompt_lookup: bool = False  # pld: copies from the prompt and the output so far; no model drafts
+
+    def __post_init__(self) -> None:
+        declared = {DRAFT_MODEL_STEP: bool(self.members), HEAD_STEP: self.head is not None,
+                    EARLY_EXIT_STEP: self.self_speculative}
+        networks = [step for step, drafts in declared.items() if drafts]
+        if self.step not in (None, *DRAFT_STEPS) or networks != ([self.step] if self.step else []):
+            raise ValueError(f"drafter '{self.name}' is planned with draft step {self.step!r} but drafts with "
+                             f"{networks or 'no network'}; declare the step its drafting runs (registry.DRAFT_STEPS)")
 
     @property
     def needs_draft(self) -> bool:
@@ -67,7 +87,7 @@ class DrafterPlan:
         """Whether a network runs to draft (a draft model, the target's first layers, a head): the step Eq. (1)'s c
         and the cost schedule price. ``ar`` drafts nothing; ``oracle`` replays and ``pld`` looks up, at no model's
         cost."""
-        return self.needs_draft or self.self_speculative or self.head is not None
+        return self.step is not None
 
 
 def model_drafts(name: str) -> bool:
@@ -104,26 +124,26 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         raise InputError(f"'{name}' is a bench-only peer row, not a drafter of generate or compare; "
                          f"run it beside the drafters with `mmspec bench SOURCE --drafters ar,{name}`")
     if name == "ar":
-        return DrafterPlan(name, (), adaptive=False)
+        return DrafterPlan(name, (), adaptive=False, step=None)
     if name in ("ssd", SSD_PLAIN):
-        return DrafterPlan(name, (), adaptive=False, self_speculative=True)
+        return DrafterPlan(name, (), adaptive=False, step=EARLY_EXIT_STEP, self_speculative=True)
     if name in HEAD_KINDS:
-        return DrafterPlan(name, (), adaptive=False, head=name)
+        return DrafterPlan(name, (), adaptive=False, step=HEAD_STEP, head=name)
     if name == ORACLE:
-        return DrafterPlan(name, (), adaptive=False, oracle=True)
+        return DrafterPlan(name, (), adaptive=False, step=None, oracle=True)
     if name == PLD:
-        return DrafterPlan(name, (), adaptive=False, prompt_lookup=True)
+        return DrafterPlan(name, (), adaptive=False, step=None, prompt_lookup=True)
     if name == "tabed":
-        return DrafterPlan(name, tuple(default_members), adaptive=True)
+        return DrafterPlan(name, tuple(default_members), adaptive=True, step=DRAFT_MODEL_STEP)
     if name.startswith("tabed:"):
         members = _letters(name, name.split(":", 1)[1])
         if len(members) < 2:
             raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
-        return DrafterPlan(name, members, adaptive=True)
+        return DrafterPlan(name, members, adaptive=True, step=DRAFT_MODEL_STEP)
     if not name:
         raise InputError(f"empty drafter name; choose m, t, c, p, a combination such as mt, tabed, or one of "
                          f"{', '.join(WHOLE_NAMES)}")
-    return DrafterPlan(name, _letters(name, name), adaptive=False)
+    return DrafterPlan(name, _letters(name, name), adaptive=False, step=DRAFT_MODEL_STEP)
 
 
 def parse_drafter_list(text: str, default_members: tuple[str, ...] = ("m", "t"), extra: tuple[str, ...] = ()) -> list[str]:
@@ -160,6 +180,12 @@ def check_chain_only(names: list[str], greedy: bool, tree: str | None, tree_widt
     if needs_ar_first and ("ar" not in names or names.index("ar") > names.index(ORACLE)):
         raise InputError("--drafters: oracle replays ar's output of the same sample; list ar before it, e.g. "
                          "--drafters ar,oracle,m")
+
+
+def missing_draft(name: str, flag: str = "--drafter") -> InputError:
+    """The refusal of drafter ``name``, which drafts with a draft model, under a profile that names none (``flag``: the
+    option its fix points to)."""
+    return InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use {flag} ar")
 
 
 def require_captioner(plan: DrafterPlan, has_captioner: bool) -> None:
@@ -220,7 +246,7 @@ def build_drafter(
         raise ValueError(f"drafter '{name}' has a plan but build_drafter builds nothing for it; add its branch "
                          f"(docs/ARCHITECTURE.md, How to add a drafter), rather than let it run as ar")
     if draft is None:
-        raise InputError(f"drafter '{name}' needs a draft model; add a `draft:` section to the profile, or use --drafter ar")
+        raise missing_draft(name)
     require_captioner(plan, captioner is not None)
     require_vision_draft(plan, draft.language_only, draft.name)
     if plan.members in (("m",), ("t",)):

@@ -55,6 +55,7 @@ class LoadedModel:
     model: Any
     processor: Any
     text_tokenizer: Any = None
+    int8_threshold: float | None = None  # an 8-bit model's LLM.int8 outlier threshold (None: not 8-bit)
 
     @property
     def language_only(self) -> bool:
@@ -167,12 +168,38 @@ def check_beside(network: torch.nn.Module, what: str, target_module: torch.nn.Mo
 #: row a call multiplies (``int8_vectorwise_quant``: the union over the rows, computed in floating point for all of
 #: them), so a token verified beside others rounds differently from the same token run alone by ``generate``, and a
 #: draft could change the target's output (measured with bitsandbytes 0.50.2 on the CPU: tests/test_quantization.py).
-#: Without outlier columns every row is quantized on its own. A draft keeps bitsandbytes' default (6.0): its rounding
-#: changes what it proposes, never what the target emits.
+#: Without outlier columns every row is quantized on its own. A draft keeps bitsandbytes' default
+#: (:data:`BITSANDBYTES_INT8_THRESHOLD`): its rounding changes what it proposes, never what the target emits.
 TARGET_INT8_THRESHOLD = 0.0
+#: bitsandbytes' own default (``BitsAndBytesConfig.llm_int8_threshold``): the 8-bit model a user's own
+#: ``from_pretrained(..., load_in_8bit=True)`` and its ``generate`` run.
+BITSANDBYTES_INT8_THRESHOLD = 6.0
 
 
-def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
+def int8_threshold(spec: Any, role: str) -> float | None:
+    """The LLM.int8 outlier threshold model ``spec`` (a profile's ModelSpec) loads with as ``role``: its
+    ``quantization_threshold`` when set, else :data:`TARGET_INT8_THRESHOLD` for the target and bitsandbytes' default
+    for a draft or captioner; None when it is not 8-bit."""
+    if spec.quantization != "8bit":
+        return None
+    if spec.quantization_threshold is not None:
+        return spec.quantization_threshold
+    return TARGET_INT8_THRESHOLD if role == "target" else BITSANDBYTES_INT8_THRESHOLD
+
+
+def coupled_rows_caveat(threshold: float | None, role: str) -> str | None:
+    """The warning line for an 8-bit target loaded with outlier columns (a threshold above 0), or None."""
+    if role != "target" or not threshold:
+        return None
+    return (f"warning: target.quantization_threshold {threshold:g}: LLM.int8 computes the outlier columns of all "
+            f"the tokens one call verifies together, so a verified token can round apart from the target's own "
+            f"generate, which decodes one at a time: ar gives its output, other drafters may not (a threshold of 0, "
+            f"mmspec's default, keeps every token on its own)")
+
+
+def _quantization_config(kind: str | None, dtype: torch.dtype, role: str, threshold: float | None = None):
+    """bitsandbytes' config for ``kind``; ``threshold``: an 8-bit model's outlier threshold (None: ``role``'s
+    default, :func:`int8_threshold`)."""
     if kind is None:
         return None
     try:
@@ -186,9 +213,9 @@ def _quantization_config(kind: str | None, dtype: torch.dtype, role: str):
     from transformers import BitsAndBytesConfig
 
     if kind == "8bit":
-        if role == "target":
-            return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=TARGET_INT8_THRESHOLD)
-        return BitsAndBytesConfig(load_in_8bit=True)
+        if threshold is None:
+            threshold = TARGET_INT8_THRESHOLD if role == "target" else BITSANDBYTES_INT8_THRESHOLD
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
 
 
@@ -446,7 +473,8 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
         )
     dtype = getattr(torch, spec.dtype)  # one of choices.DTYPES, checked by the profile
     kwargs: dict[str, Any] = dict(common, dtype=dtype)
-    quant = _quantization_config(spec.quantization, dtype, role)
+    threshold = int8_threshold(spec, role)
+    quant = _quantization_config(spec.quantization, dtype, role, threshold)
     if quant is not None:
         kwargs.update(quantization_config=quant, device_map={"": 0} if device == "cuda" else device)
     elif multi_gpu_ok and device == "cuda" and torch.cuda.device_count() > 1:
@@ -481,15 +509,16 @@ def load_model(spec: Any, role: str, multi_gpu_ok: bool = False, fallback_proces
         raise
     if spec.quantization == "4bit" and device == "cpu":
         _fit_cpu_4bit_kernel(model, role)
-    caveat = rows_caveat(spec.quantization, role, device)
-    if caveat is not None:
-        print(caveat, file=sys.stderr)
+    for caveat in (rows_caveat(spec.quantization, role, device), coupled_rows_caveat(threshold, role)):
+        if caveat is not None:
+            print(caveat, file=sys.stderr)
     if not language_only:
         processor = with_pixel_bounds(processor, spec, role, fallback_processor)
     if "device_map" not in kwargs:
         model = model.to(device)
     model.eval()
-    return LoadedModel(role=role, name=spec.model, model=model, processor=processor, text_tokenizer=text_tokenizer)
+    return LoadedModel(role=role, name=spec.model, model=model, processor=processor, text_tokenizer=text_tokenizer,
+                       int8_threshold=threshold)
 
 
 def is_language_model(model_type: str | None) -> bool:

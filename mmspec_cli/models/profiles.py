@@ -270,6 +270,10 @@ class ModelSpec:
     dtype: str = _key(_choice(*DTYPES), "float16")
     device: str = _key(_matches(r"auto|cpu|cuda(:\d+)?|mps", "one of auto, cpu, cuda, cuda:N, mps"), "auto")
     quantization: str | None = _key(_choice(*QUANTIZATIONS), None)
+    #: LLM.int8's outlier threshold of an 8-bit model (bitsandbytes' ``llm_int8_threshold``); unset: mmspec's for
+    #: the role, 0 for a target (no outlier columns: every verified token rounds on its own) and bitsandbytes'
+    #: 6.0 for a draft or captioner (``models/loading.int8_threshold``)
+    quantization_threshold: float | None = _key(_optional(_number("a number >= 0", lambda x: x >= 0)), None)
     trust_remote_code: bool = _key(_boolean, False)
     revision: str | None = _key(_optional(_string), None)
     #: a Qwen-VL image processor's pixel bounds (``smart_resize``: each image is scaled, keeping its aspect, to
@@ -278,6 +282,10 @@ class ModelSpec:
     max_pixels: int | None = _key(_optional(_integer(1)), None)
 
     def __post_init__(self) -> None:
+        if self.quantization_threshold is not None and self.quantization != "8bit":
+            raise ProfileError(f"quantization_threshold is LLM.int8's outlier threshold, for quantization: 8bit, and "
+                               f"this model's quantization is {self.quantization or 'null'}; set quantization: 8bit, "
+                               f"or drop quantization_threshold")
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ProfileError(f"min_pixels ({self.min_pixels}) is larger than max_pixels ({self.max_pixels}); "
                                f"set min_pixels to at most max_pixels")
@@ -626,6 +634,10 @@ OVERRIDES: dict[str, Override] = {
     "top_p": Override("decoding.top_p", float, "X", "Nucleus sampling mass, in (0, 1]."),
     "top_k": Override("decoding.top_k", int, "N", "Sample from the N likeliest tokens."),
     "seed": Override("decoding.seed", int, "N", "Random seed for sampling (0 to 2^64 - 1)."),
+    "int8_threshold": Override("target.quantization_threshold", float, "X", (
+        "An 8-bit target's LLM.int8 outlier threshold: 0 (mmspec's default) rounds every verified token on its own, "
+        "so every drafter gives the 8-bit target's own output; 6.0 (bitsandbytes' default) is the model its own "
+        "generate runs, and then only ar is guaranteed to match it (README, Quantized models).")),
 }
 
 
@@ -655,7 +667,12 @@ def apply_overrides(profile: Profile, **overrides: Any) -> Profile:
         changes.setdefault(section, {})[key] = check(value, _flag(name))
     top = changes.pop(None, {})
     for section, values in changes.items():
-        top[section] = dataclasses.replace(getattr(profile, section), **values)
+        try:
+            top[section] = dataclasses.replace(getattr(profile, section), **values)
+        except ProfileError as exc:  # a check across the section's keys: named by the flags given, and the section
+            flags = ", ".join(_flag(name) for name, value in overrides.items()
+                              if value is not None and OVERRIDES[name].key.startswith(f"{section}."))
+            raise ProfileError(f"{flags}: {section}.{exc}") from None
     changed = dataclasses.replace(profile, **top)
     _check_dynamic_flags(changed.decoding, [name for name in DYNAMIC_TREE_FLAGS if overrides.get(name) is not None])
     conflict = tree_conflict(changed.decoding.tree, changed.decoding.tree_width,

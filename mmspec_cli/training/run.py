@@ -458,7 +458,8 @@ def _train_eagle3(target: LoadedModel, target_name: str, store: SequenceStore, u
     head.set_vocabulary(kept)
     copy_embeddings(head, target)
     head.to(device=target.model.get_output_embeddings().weight.device)
-    report.update(mtp=s.mtp, loss="soft cross-entropy over the draft vocabulary", layers=list(layers),
+    # noise: what is applied, none (EAGLE-3's training adds no feature noise; training/eagle3.py)
+    report.update(mtp=s.mtp, loss="soft cross-entropy over the draft vocabulary", noise=0.0, layers=list(layers),
                   draft_vocab=size, draft_vocab_share=round(share, 4))
     identity = {"kind": EAGLE3, "target": target_name, "sequences": len(store), "answers": asdict(s.answers),
                 "layers": list(layers), "draft_vocab": size}

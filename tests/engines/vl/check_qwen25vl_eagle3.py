@@ -242,15 +242,34 @@ def head_positions(loaded, head, prompt: dict) -> list[list[int]]:
     seen = []
     forward = drafter._forward
 
-    def recorded(inputs, positions, mask):
+    def recorded(inputs, positions, *rest, **keywords):  # whatever else the head's forward takes, passed on
         seen.append(positions.reshape(positions.shape[0], -1).tolist() if positions.dim() == 3
                     else positions.tolist())
-        return forward(inputs, positions, mask)
+        return forward(inputs, positions, *rest, **keywords)
 
     drafter._forward = recorded
     SpeculativeDecoder(loaded, drafter, gamma=K, max_new_tokens=2).generate([load_image(prompt["image"])],
                                                                            [prompt["question"]])
     return seen[0]
+
+
+def record_head_logits(drafter, top: list[dict]) -> None:
+    """Append the top 5 of every logits the head's drafter makes for a chain to ``top``: the first proposal of a
+    block (its chain step's ``first_of``, from the head's last output) and each draft step's (``_logits``, which the
+    eager step calls). A chain's ``first_of`` was bound when the drafter made its step, so both are wrapped; a
+    check that wrapped ``_logits`` alone missed the first draft of every block (an IndexError later)."""
+    import dataclasses
+
+    logits_of = drafter._logits
+
+    def logits_recorded(hidden):
+        logits = logits_of(hidden)
+        values, ids = logits.reshape(-1, logits.shape[-1])[-1].float().topk(5)
+        top.append({"ids": ids.tolist(), "logits": [round(v, 5) for v in values.tolist()]})
+        return logits
+
+    drafter._logits = logits_recorded
+    drafter.step = dataclasses.replace(drafter.step, first_of=logits_recorded)
 
 
 def mmspec_runs(loaded, head_dir: Path, prompts: list[dict], first_tokens: list[int]) -> dict:
@@ -280,15 +299,7 @@ def mmspec_runs(loaded, head_dir: Path, prompts: list[dict], first_tokens: list[
         drafter = HeadDrafter(loaded, head)
         decoder = SpeculativeDecoder(loaded, drafter, gamma=K, max_new_tokens=MAX_TOKENS - 1 + K)
         raw, run, top = [], decoder.step.run, []
-        logits_of = drafter._logits
-
-        def logits_recorded(hidden, logits_of=logits_of, top=top):
-            logits = logits_of(hidden)
-            values, ids = logits.reshape(-1, logits.shape[-1])[-1].float().topk(5)
-            top.append({"ids": ids.tolist(), "logits": [round(v, 5) for v in values.tolist()]})
-            return logits
-
-        drafter._logits = logits_recorded
+        record_head_logits(drafter, top)
 
         def recorded(prompt, generated, gamma, picker, run=run, raw=raw, top=top):
             del top[:]
