@@ -38,7 +38,7 @@ from mmspec_cli.models.head_folders import check_finite, head_dir, with_article,
 from mmspec_cli.models.loading import LoadedModel, folder_on_disk, model_location
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import signature, warn_if_other_target
-from mmspec_cli.models.writing import WriteFailed
+from mmspec_cli.models.writing import DISK_FULL, WriteFailed, check_can_make
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 ENGINES = ("vllm", "sglang", "speculators")
@@ -206,7 +206,8 @@ def check_engine(to: str) -> None:
 
 
 def check_out(out: Path) -> None:
-    """Refuse an ``--out`` that is a file or a folder holding any file: nothing a user made is overwritten."""
+    """Refuse an ``--out`` that is a file or a folder holding any file (nothing a user made is overwritten), or one
+    that can't be made or written (a file above it, a read-only file system, ``/proc``)."""
     shown = shorten(str(out), 200)
     if out.is_file() or (out.exists() and not out.is_dir()):
         raise InputError(f"--out {shown} is a file; name a new or empty folder")
@@ -216,6 +217,7 @@ def check_out(out: Path) -> None:
             more = f" and {len(held) - 1} more" if len(held) > 1 else ""
             raise InputError(f"--out {shown} already holds {held[0]}{more}; name a new or empty folder (nothing is "
                              f"overwritten)")
+    check_can_make(out, f"--out {shown}")
 
 
 def check_sglang_target(target: TargetFacts, shown: str) -> None:
@@ -307,8 +309,8 @@ def export_head(head: str, to: str, out: str | Path, target: LoadedModel | str |
                 out.rmdir()
             except OSError:
                 pass
-        raise MmspecError(f"{exc}; nothing was written to {shorten(str(out), 200)}: free some space and run the "
-                          f"command again") from None
+        fix = "free some space and run the command again" if exc.reason == DISK_FULL else "pick a folder you can write"
+        raise MmspecError(f"{exc}; nothing was written to {shorten(str(out), 200)}: {fix}") from None
     notes = [] if facts.name else ["the head records no target: put its hub id or folder where TARGET stands"]
     if to == "speculators":
         notes.append(f"vLLM serves the verifier named in config.json ({shorten(verifier_name(facts.name))}), which "

@@ -14,7 +14,7 @@ import torch
 
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.loading import hub_folder, model_location
-from mmspec_cli.models.writing import write_atomically
+from mmspec_cli.models.writing import WriteFailed, reason, write_atomically
 
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -54,7 +54,10 @@ def write_head_folder(folder: Path, config: dict[str, Any], tensors: dict[str, t
     (:func:`mmspec_cli.models.writing.write_atomically`: a failure leaves both files as they were); the paths."""
     from safetensors.torch import save
 
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file above it, a read-only file system: said as a failed write
+        raise WriteFailed(folder, reason(exc)) from None
     data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     paths = [folder / WEIGHT_FILES[0], folder / CONFIG]

@@ -7,18 +7,20 @@
   had, so its last line stays a whole record (and a file this call created is removed again).
 
 Both raise :class:`WriteFailed`, a one-line user error naming the file and the reason, which
-the caller completes with what was kept and how to go on.
+the caller completes with what was kept and how to go on. :func:`check_can_make` refuses, before any work, a file
+or folder that could not be made where a command was told to write it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from mmspec_cli.errors import MmspecError
+from mmspec_cli.errors import InputError, MmspecError
 
 
 class WriteFailed(MmspecError):
@@ -30,10 +32,14 @@ class WriteFailed(MmspecError):
         self.reason = reason
 
 
+#: :func:`reason`'s words for a full disk (or quota)
+DISK_FULL = "the disk is full"
+
+
 def reason(exc: BaseException) -> str:
     """What went wrong, in words: the disk being full is said as such."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
+        return DISK_FULL
     if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
         return "the file is larger than this process may write (ulimit -f) or the file system allows"
     return (exc.strerror if isinstance(exc, OSError) else None) or type(exc).__name__
@@ -107,3 +113,27 @@ def append_durably(path: Path, data: bytes) -> None:
         except OSError:
             pass  # the cut-off line is dropped when the file is read again
         raise WriteFailed(path, reason(exc)) from None
+
+
+def existing_ancestor(path: Path) -> Path:
+    """``path``, or the nearest folder above it that exists (which may be a file: :func:`check_can_make` says so)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_can_make(folder: Path, what: str) -> None:
+    """Refuse in one line naming ``what`` (``--out DIR``) a ``folder`` that can't be made or written into, before any
+    work: where its nearest existing ancestor (or itself) is a file, or no file can be created there (a read-only
+    file system, ``/proc``, no permission), tried by creating a temporary file there and removing it again."""
+    from mmspec_cli.models.prompts import shorten
+
+    found = existing_ancestor(folder)
+    if not found.is_dir():
+        raise InputError(f"{what} can't be made: {shorten(str(found), 60)} is a file, not a folder; pick another path")
+    try:
+        with tempfile.TemporaryFile(dir=found):
+            pass
+    except OSError as exc:
+        raise InputError(f"{what} can't be written ({exc.strerror or exc} in {shorten(str(found), 60)}); pick "
+                         f"another path") from None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from mmspec_cli.choices import IMITATION
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import PACKAGE_DIR
 from mmspec_cli.models.prompts import shorten
+from mmspec_cli.models.writing import check_can_make, existing_ancestor
 from mmspec_cli.bench.records import OutLock
 from mmspec_cli.training.locks import out_lock_path
 
@@ -105,40 +105,20 @@ def check_out(out: Path, answers: Path) -> None:
     for path, what in ((out / f"{CHECKPOINT}.tmp", f"--out {shown}"), (out_lock_path(out), f"--out {shown}"),
                        (OutLock.file_for(answers), f"--out {shown}: the answers file beside it")):
         _check_name_length(path, what)
-    _check_writable(_existing_ancestor(out), f"--out {shown}")
-    _check_writable(_existing_ancestor(answers.parent), f"the answers file {shorten(str(answers))}")
+    check_can_make(out, f"--out {shown}")
+    check_can_make(answers.parent, f"the answers file {shorten(str(answers))}")
 
 
 def _check_name_length(path: Path, what: str) -> None:
     """Every name in ``path`` (the longest file train-head makes there) fits the file system's limit."""
     try:
-        limit = os.pathconf(_existing_ancestor(path.parent), "PC_NAME_MAX")
+        limit = os.pathconf(existing_ancestor(path.parent), "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
     longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
     if len(os.fsencode(longest)) > limit:
         raise InputError(f"{what} needs a name of {len(os.fsencode(longest))} bytes ({shorten(longest, 40)}), more "
                          f"than the file system allows ({limit}); use a shorter name")
-
-
-def _existing_ancestor(folder: Path) -> Path:
-    """``folder``, or the nearest folder above it that exists (a file there is reported by :func:`_check_writable`)."""
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
-    return folder
-
-
-def _check_writable(folder: Path, what: str) -> None:
-    """``what`` (``--out DIR``, the answers file) can be made in ``folder``, its nearest existing ancestor."""
-    if not folder.is_dir():
-        raise InputError(f"{what} can't be made: {shorten(str(folder), 60)} is a file, not a folder; pick another "
-                         f"path")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise InputError(f"{what} can't be written ({exc.strerror or exc} in {shorten(str(folder), 60)}); "
-                         f"pick another path") from None
 
 
 def make_parents(path: Path) -> list[Path]:
