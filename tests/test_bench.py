@@ -709,14 +709,15 @@ def test_an_empty_source_is_one_line_not_the_current_folder(source, tmp_path, mo
 
 def test_results_file_keeps_only_complete_lines(tmp_path):
     path = tmp_path / "r.jsonl"
-    complete = '{"id": "a", "turn": 0, "drafter": "ar", "token_ids": [1], "new_tokens": 1, "blocks": 1, "wall_s": 0.1}'
+    complete = ('{"id": "a", "category": "c", "turn": 0, "drafter": "ar", "token_ids": [1], "new_tokens": 1, '
+                '"blocks": 1, "wall_s": 0.1}')
     path.write_text(complete + '\n{"id": "b", "tu')
     assert [r["id"] for r in records_mod.read_records([path])] == ["a"]
     path.write_text(complete + '\nnot json\n')
     with pytest.raises(InputError, match="line 2 is not valid JSON"):
         records_mod.read_records([path])
     path.write_text('{"id": "a", "turn": 0, "drafter": "ar"}\n')  # a record without its numbers: one line, no KeyError
-    with pytest.raises(InputError, match="line 1 lacks token_ids, new_tokens, blocks, wall_s"):
+    with pytest.raises(InputError, match="line 1 lacks category, token_ids, new_tokens, blocks, wall_s"):
         records_mod.read_records([path])
 
 

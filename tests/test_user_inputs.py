@@ -78,3 +78,197 @@ def test_every_output_path_that_cant_be_made_is_one_line_before_loading(tmp_path
     line = assert_one_line_error(result, flag)
     assert "can't be" in line or "doesn't exist" in line
     assert (tmp_path / "userfile").read_text() == "the user's own file"
+
+
+# --------------------------------------------------------------------------- files read back: results, the latency cache
+
+
+@pytest.fixture(scope="module")
+def results(tiny_dirs, tmp_path_factory) -> dict:
+    """A finished bench run (ar, m, tabed; one sample, one turn) and its manifest and profile."""
+    import json
+
+    from tests.helpers import tiny_files
+
+    files = tiny_files(tmp_path_factory.mktemp("results"), tiny_dirs, max_new_tokens=6, gamma=3)
+    manifest = files["root"] / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "s0", "images": [files["images"][0]], "turns": ["what is it?"],
+                                    "category": "c"}) + "\n")
+    out = files["root"] / "run.jsonl"
+    ran = cli("bench", str(manifest), "--drafters", "ar,m,tabed", "--out", str(out), "--profile", files["profile"],
+              "--no-warmup")
+    assert ran.exit_code == 0, ran.stderr
+    return {**files, "manifest": str(manifest), "lines": out.read_text().splitlines()}
+
+
+#: Edits a user may make to the second record (m's), each as (field, value); "DELETE" removes the field.
+EDITS = [("drafter", 3), ("drafter", None), ("id", ["s0"]), ("category", 7), ("category", "DELETE"), ("turn", "0"),
+         ("turn", [0]), ("token_ids", "1 2 3"), ("token_ids", [1, 2]), ("new_tokens", "6"), ("new_tokens", None),
+         ("blocks", [2]), ("blocks", 0), ("wall_s", "fast"), ("wall_s", -1), ("drafted", {"n": 1}), ("threads", [1]),
+         ("accepted_per_block", 3), ("ensemble", "not json"), ("gamma", 2.5), ("weights", "x")]
+
+
+def edited(results: dict, tmp_path: Path, field: str, value) -> str:
+    import json
+
+    records = [json.loads(line) for line in results["lines"]]
+    if value == "DELETE":
+        del records[1][field]
+    else:
+        records[1][field] = value
+    path = tmp_path / "edited.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+@pytest.mark.parametrize("field, value", EDITS, ids=[f"{f}={v!r}" for f, v in EDITS])
+def test_summarize_of_an_edited_record_names_its_line_and_what_is_wrong(results, tmp_path, no_model_loading,
+                                                                        field, value):
+    path = edited(results, tmp_path, field, value)
+    line = assert_one_line_error(cli("bench", "--summarize", path), f"{path} line 2")
+    assert field in line or "lacks" in line
+
+
+@pytest.mark.parametrize("field, value", EDITS[::3], ids=[f"{f}={v!r}" for f, v in EDITS[::3]])
+def test_resume_of_an_edited_record_is_one_line_exit_2_and_the_file_is_kept(results, tmp_path, no_model_loading,
+                                                                            field, value):
+    path = edited(results, tmp_path, field, value)
+    before = Path(path).read_bytes()
+    result = cli("bench", results["manifest"], "--drafters", "ar,m,tabed", "--out", path, "--resume", "--profile",
+                 results["profile"])
+    assert_one_line_error(result, f"{path} line 2")
+    assert Path(path).read_bytes() == before
+
+
+ODD_RESULTS = {
+    "nested past the decoder's depth": "[" * 100000 + "]" * 100000,
+    "a JSON array": "[1, 2]",
+    "not UTF-8": "\udce9",
+}
+
+
+@pytest.mark.parametrize("case", ODD_RESULTS)
+def test_summarize_of_a_file_mmspec_did_not_write_is_one_line(tmp_path, no_model_loading, case):
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(ODD_RESULTS[case].encode("utf-8", "surrogateescape") + b"\n")
+    assert_one_line_error(cli("bench", "--summarize", str(path)), f"{path} line 1")
+
+
+def test_a_manifest_line_nested_too_deeply_or_naming_a_folder_is_one_line_exit_2(results, tmp_path,
+                                                                                  no_model_loading):
+    import json
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100000 + "]" * 100000 + "\n")
+    assert_one_line_error(cli("bench", str(deep), "--drafters", "ar", "--profile", results["profile"]),
+                          "line 1: nested too deeply to read")
+    folder = tmp_path / "folder.jsonl"
+    folder.write_text(json.dumps({"id": "a", "images": [str(tmp_path)], "turns": ["q"], "category": "c"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = cli("bench", str(folder), "--drafters", "ar", "--profile", results["profile"], "--out", str(out))
+    assert_one_line_error(result, f"sample 'a': image '{tmp_path}' is a directory")
+    assert not out.exists()
+
+
+#: Ways the latency cache gets damaged, each as the bytes left in the file (None: a folder where the file was).
+DAMAGED = {"cut": b'{"device": "cpu", "target_ms": {"16,1": 1', "emptied": b"", "a folder": None,
+           "not an object": b"[1, 2]", "an edited timing": b'{"device": "c", "target": "t", "draft": "d", '
+                                                            b'"target_ms": {"16,1": "fast"}}',
+           "an unknown key": b'{"device": "c", "target": "t", "draft": "d", "speed": 1}'}
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_latency_cache_is_said_in_one_line_and_the_constant_gamma_drafts(results, tmp_path, monkeypatch,
+                                                                                 case):
+    import json
+
+    from mmspec_cli.bench import latency
+
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    target, draft = (json.loads(results["lines"][0])[key] for key in ("target", "draft"))
+    good = latency.save(latency.LatencyResult(latency.device_name("cpu", 1), target, draft,
+                                              {f"{s},{n}": 10.0 * n for s in (16, 256) for n in range(1, 8)},
+                                              {"1,16": 0.5, "1,256": 0.5}))
+    good.unlink()
+    if DAMAGED[case] is None:
+        good.mkdir()
+    else:
+        good.write_bytes(DAMAGED[case])
+    args = (results["images"][0], "-q", "what is it?", "--profile", results["profile"], "--json", "--threads", "1",
+            "--drafter", "m")
+    constant = cli("generate", *args)
+    costed = cli("generate", *args, "--gamma-schedule", "cost")
+    assert costed.exit_code == 0, costed.stderr
+    [note] = [line for line in costed.stderr.splitlines() if line.startswith("note:")]
+    assert note.startswith(f"note: the latency cache {good} can't be read (") and "uses the constant γ = 3" in note
+    assert json.loads(costed.stdout)["turns"][0]["blocks"] == json.loads(constant.stdout)["turns"][0]["blocks"]
+    summary = cli("bench", "--summarize", str(Path(results["root"]) / "run.jsonl"), "--profile", results["profile"])
+    assert summary.exit_code == 0, summary.stderr
+    assert f"Eq. (1) not shown: the latency cache {good} can't be read (" in summary.stdout + summary.stderr
+    assert good.exists()  # the damaged file is left for profile-latency to write anew
+
+
+# --------------------------------------------------------------------------- a head folder that is not a head
+
+SHIPPED = Path(__file__).resolve().parents[1] / "mmspec_cli" / "shipped"
+
+#: Folders a user may name as ``head.model``, each as (how to make it from the shipped heads, the refusal's words).
+NOT_HEADS = {
+    "empty": (lambda folder, kind: folder.mkdir(), "has no config.json"),
+    "the target's own folder": (SHIPPED / "demo-target", "holds a whole llava model, not a draft head"),
+    "an imitation network": (SHIPPED / "demo-imitation", "holds an imitation network (ssd.imitation), not a draft head"),
+    "cut weights": ("cut", "model.safetensors can't be read (SafetensorError"),
+    "no attention heads": ({"num_attention_heads": 0}, "doesn't describe a head that can be built (ZeroDivisionError"),
+    "heads that don't divide the width": ({"num_attention_heads": 5}, "doesn't describe a head that can be built"),
+    "a word for a number": ({"rms_norm_eps": "small"}, "Field 'rms_norm_eps' expected float"),
+    "an unknown activation": ({"hidden_act": "nope"}, "doesn't describe a head that can be built (KeyError: 'nope')"),
+    "an unknown kind": ({"mmspec": "kind: foo"}, 'names kind "foo", which is no head kind mmspec knows'),
+}
+
+
+def not_a_head(tmp_path: Path, kind: str, case: str) -> Path:
+    """The folder of ``case``, made from the shipped ``kind`` head where it is one."""
+    import json
+    import shutil
+
+    made, _ = NOT_HEADS[case]
+    folder = tmp_path / "head"
+    if isinstance(made, Path):
+        return made
+    if callable(made):
+        made(folder, kind)
+        return folder
+    shutil.copytree(SHIPPED / f"demo-{kind}", folder)
+    if made == "cut":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        return folder
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in made.items():
+        if key == "mmspec":
+            config["mmspec"]["kind"] = value.split(": ")[1]
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("case", NOT_HEADS)
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_head_folder_that_is_not_a_head_is_one_line(tmp_path, kind, case):
+    """``--drafter eagle`` or ``eagle3`` over a profile whose ``head.model`` the user made: one line naming the folder
+    and what is wrong with it, exit 2."""
+    import yaml
+
+    folder = not_a_head(tmp_path, kind, case)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"target": {"model": "mmspec:demo-target", "dtype": "float32", "device": "cpu"},
+                                       "head": {"model": str(folder)}}))
+    image = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), "blue").save(image)
+    result = cli("generate", str(image), "-q", "hi", "--profile", str(profile), "--drafter", kind,
+                 "--max-new-tokens", "2")
+    line = assert_one_line_error(result, NOT_HEADS[case][1])
+    assert str(folder) in line or folder.name in line

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -586,14 +587,80 @@ def save(result: LatencyResult) -> Path:
     return path
 
 
+class DamagedCache(Exception):
+    """A latency cache file that can't be read as ``profile-latency`` wrote it (cut, emptied, edited, unreadable):
+    ``str()`` says where and why, in words a note can quote."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"the latency cache {path} can't be read ({why})")
+        self.path = path
+
+
 def load(device: str, target: str, draft: str, target_revision: str | None = None,
          draft_revision: str | None = None, compiled: bool = False) -> LatencyResult | None:
     """The cached result for this device and model pair (at these revisions, with these weights), or None;
-    ``compiled``: the one timed with ``--compile``."""
+    ``compiled``: the one timed with ``--compile``. A file that is there but is not what ``profile-latency`` writes
+    raises :class:`DamagedCache` (callers say so in one line and go on without it; ``profile-latency`` writes it
+    anew)."""
     path = cache_path(device, target, draft, target_revision, draft_revision, compiled)
     if not path.exists():
         return None
-    return LatencyResult(**json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise DamagedCache(path, exc.strerror or type(exc).__name__) from None
+    except (ValueError, RecursionError) as exc:  # JSON's and a bad encoding's errors are ValueErrors
+        raise DamagedCache(path, f"not JSON: {type(exc).__name__}" if not str(exc) else
+                           f"not JSON: {str(exc).splitlines()[0][:80]}") from None
+    why = cache_fault(data)
+    if why:
+        raise DamagedCache(path, why)
+    return LatencyResult(**data)
+
+
+def _milliseconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _timings(value: Any, parts: int) -> bool:
+    """``{"S,γ": ms, ...}`` with ``parts`` integers in each key."""
+    return isinstance(value, dict) and all(
+        isinstance(key, str) and len(key.split(",")) == parts and all(k.strip().isdigit() for k in key.split(","))
+        and _milliseconds(ms) for key, ms in value.items())
+
+
+def _named_timings(value: Any, parts: int) -> bool:
+    return isinstance(value, dict) and all(isinstance(name, str) and _timings(t, parts) for name, t in value.items())
+
+
+#: What each field of a cached :class:`LatencyResult` holds: name -> (check, required).
+CACHE_FIELDS = {
+    "device": (lambda v: isinstance(v, str), True), "target": (lambda v: isinstance(v, str), True),
+    "draft": (lambda v: isinstance(v, str), True),
+    "target_ms": (lambda v: _timings(v, 2), False), "draft_ms": (lambda v: _timings(v, 2), False),
+    "target_revision": (lambda v: v is None or isinstance(v, str), False),
+    "draft_revision": (lambda v: v is None or isinstance(v, str), False),
+    "head_ms": (lambda v: _named_timings(v, 1), False), "ssd_ms": (lambda v: _named_timings(v, 1), False),
+    "ssd": (lambda v: v is None or isinstance(v, dict), False), "compiled": (lambda v: isinstance(v, bool), False),
+    "draft_chain_ms": (lambda v: _timings(v, 3), False), "head_chain_ms": (lambda v: _named_timings(v, 2), False),
+    "draft_chains_lead": (lambda v: isinstance(v, bool), False),
+}
+
+
+def cache_fault(data: Any) -> str | None:
+    """What is wrong with ``data`` as a cached latency result, in words; None when nothing is."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    unknown = sorted(set(data) - set(CACHE_FIELDS))
+    if unknown:
+        return f"an unknown key {unknown[0]!r}"
+    for name, (check, required) in CACHE_FIELDS.items():
+        if name not in data:
+            if required:
+                return f"no {name!r}"
+        elif not check(data[name]):
+            return f"{name!r} is not what profile-latency writes"
+    return None
 
 
 # --------------------------------------------------------------------------- step costs for --gamma-schedule cost
@@ -703,8 +770,20 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
         return {}, (f"note: --gamma-schedule cost prices chains, not a {kind} tree; it uses the constant "
                     f"γ = {decoding.gamma}")
     here = device_name(device)
-    result = load(here, profile.target.model, profile.draft.model if profile.draft else NO_DRAFT,
-                  profile.target.revision, profile.draft.revision if profile.draft else None, decoding.compile)
+
+    def command(names: Sequence[str]) -> str:  # what measures the step costs of ``names`` here
+        layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(names) else None  # the run's, which may be a flag's
+        return (f"mmspec profile-latency --profile {profile_argument(profile)}"
+                f"{f' --threads {threads or torch.get_num_threads()}' if str(device).startswith('cpu') or threads else ''}"
+                f"{' --compile' if decoding.compile else ''}"
+                f"{f' --ssd-layer {layer}' if layer else ''}")
+
+    try:
+        result = load(here, profile.target.model, profile.draft.model if profile.draft else NO_DRAFT,
+                      profile.target.revision, profile.draft.revision if profile.draft else None, decoding.compile)
+    except DamagedCache as exc:  # as if nothing were measured, said as what it is
+        return {}, (f"note: {exc}; --gamma-schedule cost uses the constant γ = {decoding.gamma} (run "
+                    f"{command(wanted)} to measure the step costs again)")
     costs = {}
     for name in wanted:
         found = result and step_costs(result, name, profile.ensemble.members, profile.ssd.layer,
@@ -719,18 +798,13 @@ def run_step_costs(profile, drafters: Sequence[str], device: torch.device | str,
                  and chain_lengths(result.gammas)]
     if not missing and not unchained:
         return costs, None
-    layer = profile.ssd.layer if {"ssd", SSD_PLAIN} & set(missing) else None  # the run's, which may be a flag's
-    command = (f"mmspec profile-latency --profile {profile_argument(profile)}"
-               f"{f' --threads {threads or torch.get_num_threads()}' if str(device).startswith('cpu') or threads else ''}"
-               f"{' --compile' if decoding.compile else ''}"
-               f"{f' --ssd-layer {layer}' if layer else ''}")
     stale = (f"the step costs cached on this machine ({here}) hold no compiled chains (timed since this release); "
              f"--gamma-schedule cost prices the drafting of {', '.join(unchained)} as γ single steps, which drafts "
              f"shorter than it should")
     if not missing:
-        return costs, f"note: {stale} (run {command} again)"
+        return costs, f"note: {stale} (run {command(missing)} again)"
     which = "" if len(missing) == len(wanted) == 1 else \
         f" and {'drafter' if len(missing) == 1 else 'drafters'} {', '.join(missing)}"
     return costs, (f"note: --gamma-schedule cost has no step costs measured on this machine ({here}) for this "
                    f"profile{which}; {'it uses' if len(missing) == 1 else 'they use'} the constant γ = "
-                   f"{decoding.gamma}{f', and {stale}' if unchained else ''} (run {command} first)")
+                   f"{decoding.gamma}{f', and {stale}' if unchained else ''} (run {command(missing)} first)")

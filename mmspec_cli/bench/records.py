@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -120,16 +121,85 @@ def _numbered_records(data: bytes, name: str) -> tuple[list[tuple[int, Record]],
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # nested past the decoder's depth
             raise InputError(f"{name} line {number} is not valid JSON ({type(exc).__name__}); "
                              f"is it an mmspec bench results file?") from exc
         if not isinstance(record, dict) or "id" not in record or "drafter" not in record:
             raise InputError(f"{name} line {number} is not an mmspec bench record (no id/drafter)")
-        missing = [k for k in REQUIRED if k not in record] if "error" not in record else []
+        missing = [k for k in ("category", *(REQUIRED if "error" not in record else ())) if k not in record]
         if missing:
             raise InputError(f"{name} line {number} lacks {', '.join(missing)}; is it an mmspec bench results file?")
+        wrong = record_fault(record)
+        if wrong:
+            raise InputError(f"{name} line {number}: {wrong}; it is not a record mmspec bench wrote (was it edited?): "
+                             f"restore the line, or remove it and run bench --resume to record that turn again")
         records.append((number, record))
     return records, end
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, list) and all(map(_count, value))
+
+
+def _or_none(check):
+    return lambda value: value is None or check(value)
+
+
+#: What each field of a record holds, as bench writes it (:func:`turn_record`, :func:`error_record`), checked where
+#: the field is present (files of earlier releases lack some): name -> (check, what it must be).
+FIELDS = {
+    "id": (lambda v: _text(v) and v != "", "a non-empty string"),
+    "category": (_text, "a string"),
+    "drafter": (lambda v: _text(v) and v != "", "a non-empty string"),
+    "error": (_text, "a string"),
+    "turn": (_count, "an integer >= 0"),
+    "token_ids": (_counts, "a list of token ids (integers >= 0)"),
+    "text": (_text, "a string"),
+    **{name: (_count, "an integer >= 0") for name in ("new_tokens", "blocks")},
+    **{name: (_or_none(_count), "an integer >= 0 or null")
+       for name in ("drafted", "accepted", "prompt_tokens", "gamma", "max_new_tokens", "top_k", "seed", "threads",
+                    "history_turns")},
+    "wall_s": (_amount, "a number >= 0"),
+    **{name: (_or_none(_amount), "a number >= 0 or null")
+       for name in ("tokens_per_s", "block_efficiency", "acceptance_rate", "temperature", "top_p", "caption_s",
+                    "int8_threshold")},
+    **{name: (_or_none(_text), "a string or null") for name in ("prompt_style", "target", "draft")},
+    "ensemble": (lambda v: v is None or isinstance(_drafting(v), dict), "the run's drafting settings, a JSON object "
+                                                                        "as text"),
+    ROUNDS: (_counts, "a list of integers >= 0"),
+    "members": (lambda v: isinstance(v, list) and all(map(_text, v)), "a list of member letters"),
+    "weights": (lambda v: isinstance(v, list) and all(w is None or (isinstance(w, list) and all(map(_amount, w)))
+                                                      for w in v), "a list of weight lists (or nulls)"),
+}
+
+
+def record_fault(record: Record) -> str | None:
+    """What is wrong with ``record`` as a results record (a field of the wrong kind, token counts that disagree),
+    in words; None when nothing is."""
+    for name, (check, expected) in FIELDS.items():
+        if name in record and not check(record[name]):
+            return f"{name} must be {expected}, got {_shown(record[name], 40)}"
+    if "error" in record:
+        return None
+    if len(record["token_ids"]) != record["new_tokens"]:
+        return f"new_tokens is {record['new_tokens']} but token_ids holds {len(record['token_ids'])}"
+    if record["new_tokens"] and not record["blocks"]:
+        return f"{record['new_tokens']} new tokens in 0 blocks"
+    if ROUNDS in record and len(record[ROUNDS]) != record["blocks"]:
+        return f"blocks is {record['blocks']} but {ROUNDS} holds {len(record[ROUNDS])}"
+    return None
 
 
 def read_records(paths: Iterable[str | Path]) -> list[Record]:

@@ -88,16 +88,17 @@ def _load(images: Sequence[Any]) -> list:
 
 
 def check_image_files(samples: Sequence[Sample], where: str) -> None:
-    """Refuse, in one line, samples whose image files (opening or a later turn's) are missing: the first one and
-    how many more. Only files are looked up here (none is opened); PIL images (datasets) need nothing."""
+    """Refuse, in one line, samples whose image files (opening or a later turn's) are missing or are folders: the
+    first one and how many more. Only paths are looked up here (none is opened: a file that is not an image fails its
+    sample alone); PIL images (datasets) need nothing."""
     missing = [(sample, turn, image) for sample in samples
                for turn, images in ((0, sample.images), *sample.turn_images) for image in images
-               if isinstance(image, (str, Path)) and not os.path.exists(os.path.expanduser(image))]
+               if isinstance(image, (str, Path)) and not os.path.isfile(os.path.expanduser(image))]
     if not missing:
         return
     sample, turn, image = missing[0]
     try:
-        load_image(image)  # it does not exist: load_image says why (no file, a broken link, a name too long ...)
+        load_image(image)  # not a file: load_image says why (no file, a folder, a broken link, a name too long ...)
     except InputError as exc:
         why = str(exc)
     else:
@@ -147,6 +148,9 @@ def _json_object(line: str, where: str, keys: Sequence[str]) -> Mapping[str, Any
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                          f"each line must be one JSON object") from exc
+    except RecursionError:  # nested past what the decoder takes: no sample is
+        raise InputError(f"{where}: nested too deeply to read; each line must be one JSON object with keys "
+                         f"{', '.join(keys)}") from None
     if not isinstance(data, Mapping):
         raise InputError(f"{where}: expected a JSON object with keys {', '.join(keys)}, got {type(data).__name__}")
     return data

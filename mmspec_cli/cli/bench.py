@@ -374,13 +374,18 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
 
     device = resolve_device(profile.target.device)
     cached: dict[int | None, latency.LatencyResult | None] = {}
+    damaged: list[str] = []  # a cache file there that can't be read: said, and read as none
 
     def measured_with(threads: int | None) -> "latency.LatencyResult | None":
         if threads not in cached:
-            cached[threads] = latency.load(latency.device_name(device, threads), profile.target.model,
-                                           profile.draft.model if profile.draft else NO_DRAFT,
-                                           profile.target.revision, profile.draft.revision if profile.draft else None,
-                                           compiled)
+            try:
+                cached[threads] = latency.load(latency.device_name(device, threads), profile.target.model,
+                                               profile.draft.model if profile.draft else NO_DRAFT,
+                                               profile.target.revision,
+                                               profile.draft.revision if profile.draft else None, compiled)
+            except latency.DamagedCache as exc:
+                cached[threads] = None
+                damaged.append(str(exc))
         return cached[threads]
 
     counts = {name: sorted({r.get("threads") for r in rs}, key=str) for name, rs in ours.items()}
@@ -390,6 +395,8 @@ def latency_ratios(profile: Profile, records: list[dict], label: str) -> tuple[d
     threads = next(iter(every)) if len(every) == 1 else None  # for the command a note gives
     command = (f"mmspec profile-latency --profile {label}{f' --threads {threads}' if threads else ''}"
                f"{' --compile' if compiled else ''}")
+    if damaged:
+        return {}, {}, f"Eq. (1) not shown: {damaged[0]}; run `{command}` to measure it again"
     if found and not any(found.values()):
         return {}, {}, (f"Eq. (1) not shown: no latency ratio is cached for this device "
                         f"({latency.device_name(device, threads)}) and profile {label}'s models; run `{command}`")

@@ -40,10 +40,11 @@ from typing import Any
 import torch
 from transformers import LlamaConfig
 
+from mmspec_cli.choices import HEAD_KINDS
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.eagle3 import KIND, Eagle3Head, default_layers, head_config
-from mmspec_cli.models.head_folders import (CONFIG, WEIGHT_FILES, check_finite, head_dir, read_weights, with_article,
-                                           write_head_folder)
+from mmspec_cli.models.head_folders import (CONFIG, WEIGHT_FILES, built_from_config, check_finite, folder_holds,
+                                           head_dir, read_weights, with_article, write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
@@ -173,6 +174,10 @@ def read_folder(folder: Path, shown: str) -> tuple[dict[str, Any], dict[str, tor
         raise ModelLoadError(f"head {shown}/{CONFIG} can't be read ({exc}); download or copy the head again") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"head {shown}/{CONFIG} holds no JSON object; it is not a draft head's config")
+    holds = folder_holds(raw)
+    if holds:  # said before its weights are read: a whole model's may be many gigabytes
+        raise ModelLoadError(f"head {shown} holds {holds}; name an EAGLE-3 head's folder (as `{RETRAIN}` or "
+                             f"SpecForge writes it)")
     return raw, read_weights(folder, shown)
 
 
@@ -281,7 +286,8 @@ def to_mmspec(raw: dict[str, Any], tensors: dict[str, torch.Tensor],
     verifier = (raw.get("speculators_config") or {}).get("verifier") if speculators else None
     if not meta.get("target") and isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str):
         meta["target"] = verifier["name_or_path"]
-    config = written_config(layer_config({**layer, "vocab_size": vocab}), draft_vocab, target_hidden, meta)
+    with built_from_config(shown):
+        config = written_config(layer_config({**layer, "vocab_size": vocab}), draft_vocab, target_hidden, meta)
     return config, renamed
 
 
@@ -323,7 +329,8 @@ def expected_shapes(config: dict[str, Any], layers: int) -> dict[str, tuple[int,
 
 def check_tensors(config: dict[str, Any], tensors: dict[str, torch.Tensor], layers: int, shown: str) -> None:
     """Every tensor of the head present with its shape, and no other: one line naming the first fault."""
-    wanted = expected_shapes(config, layers)
+    with built_from_config(shown):
+        wanted = expected_shapes(config, layers)
     missing = [k for k in wanted if k not in tensors]
     extra = [k for k in tensors if k not in wanted]
     if missing or extra:
@@ -375,6 +382,10 @@ def load_eagle3(model: str, target: LoadedModel, revision: str | None = None) ->
     shown = shorten(model)
     raw, tensors = read_folder(head_dir(model, revision), shown)
     kind = other_kind(raw, tensors)
+    if kind is not None and kind not in HEAD_KINDS:
+        raise ModelLoadError(f"head {shown}/{CONFIG} names kind {shorten(json.dumps(kind), 30)}, which is no head "
+                             f"kind mmspec knows ({', '.join(HEAD_KINDS)}); name an EAGLE-3 head's folder (as "
+                             f"`{RETRAIN}` writes it)")
     if kind is not None:
         raise ModelLoadError(f"head {shown} is {with_article(kind)} head, not an EAGLE-3 "
                              f"one; set its kind: {kind} in the profile, or name an EAGLE-3 head")
@@ -391,7 +402,8 @@ def load_eagle3(model: str, target: LoadedModel, revision: str | None = None) ->
         raise ModelLoadError(f"head {shown}: {shorten(target.name)}'s input embedding is {tuple(embedding.shape)}, "
                              f"not (vocab_size, hidden_size) = ({config['vocab_size']}, {config['hidden_size']}) as "
                              f"its LM head; mmspec copies it into EAGLE-3 heads, so it can't draft for this target")
-    head = Eagle3Head(layer_config(config), layers, config["draft_vocab_size"], config["target_hidden_size"])
+    with built_from_config(shown):
+        head = Eagle3Head(layer_config(config), layers, config["draft_vocab_size"], config["target_hidden_size"])
     # assign: the stored tensors and a copy of the target's embedding become the head's (cast below), no second copy
     head.load_state_dict({**tensors, EMBEDDING: embedding.clone()}, strict=True, assign=True)
     inv_freq = head.rotary.inv_freq

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from transformers import LlamaConfig
 
-from mmspec_cli.choices import EAGLE3
+from mmspec_cli.choices import EAGLE3, HEAD_KINDS
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
-from mmspec_cli.models.head_folders import (check_finite, head_dir, plain_rope, read_weights, with_article,
+from mmspec_cli.models.head_folders import (built_from_config, check_finite, folder_holds, head_dir, plain_rope, read_weights, with_article,
                                            write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
@@ -65,6 +65,10 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
                              f"model.safetensors (as `mmspec train-head` writes them)") from None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"head.model: {shown}/config.json can't be read ({exc})") from None
+    holds = folder_holds(raw)
+    if holds:
+        raise ModelLoadError(f"head.model: {shown} holds {holds}; name a head folder (as `mmspec train-head` writes "
+                             f"it)")
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), int) for k in CHECKED_SHAPE):
         raise ModelLoadError(f"head.model: {shown}/config.json lacks integer {', '.join(CHECKED_SHAPE)}; "
                              f"it is not a draft head's config")
@@ -77,8 +81,13 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
         if isinstance(fields.get(key), dict):
             fields[key] = plain_rope(fields[key])
     fields["num_hidden_layers"] = 1
-    return HeadInfo(LlamaConfig(**fields), meta.get("kind"), meta.get("num_q"), meta.get("target"),
-                    meta.get("target_signature"))
+    if meta.get("kind") is not None and meta.get("kind") not in HEAD_KINDS:
+        raise ModelLoadError(f"head.model: {shown}/config.json names kind {shorten(json.dumps(meta['kind']), 30)}, "
+                             f"which is no head kind mmspec knows ({', '.join(HEAD_KINDS)}); name a head folder as "
+                             f"`mmspec train-head` writes it")
+    with built_from_config(shown):
+        config = LlamaConfig(**fields)
+    return HeadInfo(config, meta.get("kind"), meta.get("num_q"), meta.get("target"), meta.get("target_signature"))
 
 
 
@@ -165,7 +174,8 @@ def load_head(model: str, kind: str | None, num_q: int | None, target: LoadedMod
             raise ModelLoadError(f"head {shown} was trained with num_q {stored}, the profile says {num_q}; "
                                  f"drop num_q or set it to {stored}")
         num_q = stored
-    head = DraftHead(info.config, found, num_q or info.num_q or DEFAULT_NUM_Q)
+    with built_from_config(shown):
+        head = DraftHead(info.config, found, num_q or info.num_q or DEFAULT_NUM_Q)
     check_tensors(head, weights, shown)
     warn_if_other_target("head", shown, info.target, info.target_signature, target.name, target.model,
                          f"mmspec train-head {found}")

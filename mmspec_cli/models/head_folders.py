@@ -6,7 +6,9 @@ keys. ``head_files`` (EAGLE-2, ViSpec) and
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,9 @@ def read_weights(folder: Path, shown: str) -> dict[str, torch.Tensor]:
                 return load_file(str(path))
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or foreign file: one line, whatever the reader raised
-            raise ModelLoadError(f"head.model: {shown}/{name} can't be read ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); download or copy the head "
-                                 f"again") from None
+            said = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:120]  # its first sentence
+            raise ModelLoadError(f"head.model: {shown}/{name} can't be read ({type(exc).__name__}: {said}); download "
+                                 f"or copy the head again") from None
     raise ModelLoadError(f"head.model: {shown} has no weights; expected one of {', '.join(WEIGHT_FILES)} beside its "
                          f"{CONFIG}")
 
@@ -72,6 +74,45 @@ def check_finite(weights: dict[str, torch.Tensor], what: str, retrain: str) -> N
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise ModelLoadError(f"{what}: {key} holds NaN or infinite values (its training diverged); train it "
                                  f"again with a lower --lr (`{retrain}`)")
+
+
+@contextlib.contextmanager
+def built_from_config(shown: str) -> Iterator[None]:
+    """Around building a head's config and modules from its ``config.json``: what transformers raises on values no
+    head has (0 attention heads, an unknown activation or rope type, a negative size, a string for a number) is one
+    line naming the head's file, not a traceback."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, ZeroDivisionError, huggingface_hub's strict
+        # dataclass errors (not ValueErrors): whatever the user's config.json makes transformers raise
+        said = " ".join(line.strip() for line in str(exc).splitlines()).split(". ")[0][:120]
+        raise ModelLoadError(f"head.model: {shown}/{CONFIG} doesn't describe a head that can be built "
+                             f"({type(exc).__name__}: {said}); download the head again, or name the {CONFIG} that "
+                             f"came with its weights") from None
+
+
+def folder_holds(raw: Any) -> str | None:
+    """What a folder whose ``config.json`` is ``raw`` holds when it is no draft head at all, in words (an imitation
+    network, a whole model: one with text or vision parts, or of several decoder layers, where every head has one);
+    None when it may be a head (mmspec's or a published layout: its own loader checks the rest)."""
+    if not isinstance(raw, dict):
+        return None
+    if "mmspec_imitation" in raw:
+        return "an imitation network (ssd.imitation), not a draft head"
+    meta = raw.get("mmspec")
+    names = [str(name) for name in raw.get("architectures") or []]
+    if (isinstance(meta, dict) and meta.get("kind")) or "speculators_config" in raw or "draft_vocab_size" in raw \
+            or any("Eagle3" in name for name in names):
+        return None
+    model = f"a whole {raw['model_type']} model" if isinstance(raw.get("model_type"), str) else "a whole model"
+    if "text_config" in raw or "vision_config" in raw:
+        return f"{model}, not a draft head"
+    layers = raw.get("num_hidden_layers")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > 1:
+        return f"{model} of {layers} layers, not a draft head (a head has one)"
+    return None
 
 
 def with_article(kind: str) -> str:
