@@ -272,3 +272,17 @@ def test_a_head_folder_that_is_not_a_head_is_one_line(tmp_path, kind, case):
                  "--max-new-tokens", "2")
     line = assert_one_line_error(result, NOT_HEADS[case][1])
     assert str(folder) in line or folder.name in line
+
+
+@pytest.mark.parametrize("line, words", [
+    ("null", "is not a bench record (a JSON object)"),
+    ('{"drafter": ["m"], "block_efficiency": 2.0}', 'drafter must be a non-empty string, got ["m"]'),
+    ('{"drafter": "m", "block_efficiency": "2.0"}', 'block_efficiency must be a number >= 0, got "2.0"'),
+    ('{"drafter": "m", "block_efficiency": NaN}', "block_efficiency must be a number >= 0, got NaN"),
+    ("[" * 100000, "is not JSON")], ids=["null", "a list for a name", "text for a number", "NaN", "nested too deeply"])
+def test_profile_latency_results_that_bench_did_not_write_are_one_line_before_loading(tmp_path, no_model_loading,
+                                                                                      line, words):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"drafter": "m", "block_efficiency": 2.0}\n' + line + "\n")
+    assert_one_line_error(cli("profile-latency", "--results", str(path)), f"line 2 of '{path}'")
+    assert words in cli("profile-latency", "--results", str(path)).stderr

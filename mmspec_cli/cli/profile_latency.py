@@ -57,15 +57,26 @@ def tau_from_results(path: Path) -> dict[str, float]:
     """Mean block efficiency per drafter in a ``bench`` JSONL file (failed records and ``ar`` skipped)."""
     if not path.is_file():
         raise InputError(f"--results: '{path}' is not a file; pass a JSONL file written by mmspec bench --out")
+    from mmspec_cli.bench.records import FIELDS
+
     values: dict[str, list[float]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the decoder's depth
             raise InputError(f"--results: line {number} of '{path}' is not JSON; pass a file written by mmspec bench") from None
-        if "block_efficiency" in record and record.get("drafter") != "ar":
+        if not isinstance(record, dict):
+            raise InputError(f"--results: line {number} of '{path}' is not a bench record (a JSON object); pass a "
+                             f"file written by mmspec bench")
+        for key in ("drafter", "block_efficiency"):  # what is read here, checked as bench's own records are
+            check, expected = FIELDS[key]
+            if key in record and (record[key] is None or not check(record[key])):
+                raise InputError(f"--results: line {number} of '{path}': {key} must be "
+                                 f"{expected.removesuffix(' or null')}, got {json.dumps(record[key])[:40]}; pass a "
+                                 f"file written by mmspec bench")
+        if "block_efficiency" in record and "drafter" in record and record["drafter"] != "ar":
             values.setdefault(record["drafter"], []).append(float(record["block_efficiency"]))
     if not values:
         raise InputError(f"--results: '{path}' holds no drafter records with block_efficiency")
