@@ -105,7 +105,7 @@ def acceptance_map(models, drafter: str, text: str, images: list, output: list[i
     found = []
     for t in range(len(output)):
         if t:  # what a block leaves: the drafts dropped, the target holding the verified tokens but the last
-            decoder.drafter.accept(Kept(0))
+            decoder.drafter.roll_back(Kept(0))
             decoder.cached_target.hold(prompt.ids + output[:t - 1], vision=prompt.vision, prompt_len=len(prompt.ids))
             decoder.step.prompt_fed = True
         draft = decoder.drafter.propose(output[:t], DraftShape(depth), picker)

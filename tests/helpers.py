@@ -156,7 +156,7 @@ def after_block(decoder: SpeculativeDecoder, prompt, verified: list[int], kept: 
     its drafts, and the target holds the prompt and every ``verified`` token but the last."""
     from mmspec_cli.decoding.drafter import Kept
 
-    decoder.drafter.accept(Kept(kept))
+    decoder.drafter.roll_back(Kept(kept))
     decoder.cached_target.hold(prompt.ids + verified[:-1], vision=prompt.vision, prompt_len=len(prompt.ids))
     decoder.step.prompt_fed = True
 

@@ -170,7 +170,7 @@ def test_the_drafter_contract_has_six_members():
     from mmspec_cli.decoding.drafter import Drafter
 
     members = {name for name in vars(Drafter) if not name.startswith("_")} | set(Drafter.__annotations__)
-    assert members == {"name", "traits", "begin_turn", "propose", "accept", "observe"}
+    assert members == {"name", "traits", "begin_turn", "propose", "roll_back", "observe"}
 
 
 def test_how_to_add_a_drafter_names_every_method_a_drafter_implements_and_nothing_that_is_gone():
@@ -181,7 +181,7 @@ def test_how_to_add_a_drafter_names_every_method_a_drafter_implements_and_nothin
     named = set(re.findall(r"`(\w+)(?:\(\))?`", text))
     needed = (set(Drafter.__abstractmethods__) | hooks(Drafter) | set(TreeStep.__dataclass_fields__)
               | {"TreeDrafts", "DraftStep", "draft_chain", "DrafterTraits", "TurnStart", "Kept", "DraftShape"})
-    assert {"begin_turn", "propose", "accept", "observe", "root", "level", "keep", "done"} <= needed
+    assert {"begin_turn", "propose", "roll_back", "observe", "root", "level", "keep", "done"} <= needed
     assert needed <= named, f"'How to add a drafter' should name {sorted(needed - named)}"
     gone = named - defined_names()
     assert not gone, f"'How to add a drafter' names {sorted(gone)}, which mmspec_cli no longer defines"

@@ -166,7 +166,7 @@ def test_the_cached_draft_is_the_head_run_from_scratch(tiny_models, head, n_imag
         torch.testing.assert_close(draft.probs, reference_chain(head, target, prompt, verified, draft.tokens),
                                    rtol=0, atol=1e-10)
         assert all(bool(head.t2d[t]) for t in draft.tokens)  # only draft-vocabulary tokens are proposed
-    drafter.accept(Kept(0))
+    drafter.roll_back(Kept(0))
     assert drafter.cache.get_seq_length() == drafter.entries
 
 

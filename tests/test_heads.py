@@ -110,7 +110,7 @@ def test_the_cached_draft_is_the_head_run_from_scratch(tiny_models, heads, kind,
         draft = drafter.propose(verified, chain(4), picker)
         torch.testing.assert_close(draft.probs, reference_chain(head, target, prompt, verified, draft.tokens),
                                    rtol=0, atol=1e-10)
-    drafter.accept(Kept(0))
+    drafter.roll_back(Kept(0))
     assert drafter.cache.get_seq_length() == drafter.entries  # drafted entries were cropped again
 
 

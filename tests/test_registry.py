@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmspec_cli.drafters import build_drafter
-from mmspec_cli.drafters.registry import WHOLE_NAMES, DrafterPlan, model_drafts, parse_drafter
+from mmspec_cli.drafters.registry import NO_DRAFTING, WHOLE_NAMES, DrafterPlan, model_drafts, parse_drafter
 from mmspec_cli.errors import InputError
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -29,7 +29,7 @@ def test_a_name_planned_but_never_built_is_not_run_as_ar(tiny_models, monkeypatc
     while drafting nothing; ``build_drafter`` says so instead."""
     from mmspec_cli.drafters import registry
 
-    monkeypatch.setattr(registry, "parse_drafter", lambda name, members=("m", "t"): DrafterPlan(name, (), adaptive=False, step=None))
+    monkeypatch.setattr(registry, "parse_drafter", lambda name, members=("m", "t"): DrafterPlan(name, NO_DRAFTING))
     with pytest.raises(ValueError, match="drafter 'repeat' has a plan but build_drafter builds nothing for it"):
         registry.build_drafter("repeat", tiny_models["target"], tiny_models["perturbed"])
     assert type(registry.build_drafter("ar", tiny_models["target"], None)).__name__ == "NoDrafter"

@@ -281,7 +281,7 @@ def test_a_drafter_is_priced_by_the_step_its_plan_declares_and_nothing_else():
     import types
 
     from mmspec_cli.bench.latency import LatencyResult, own_step
-    from mmspec_cli.drafters.registry import DRAFT_STEPS, DrafterPlan, WHOLE_NAMES, parse_drafter
+    from mmspec_cli.drafters.registry import DRAFT_STEPS, DRAFTER_KINDS, DrafterPlan, WHOLE_NAMES, parse_drafter
 
     result = LatencyResult("cpu", "target", "draft", target_ms={"64,3": 14.0}, draft_ms={"1,64": 1.0, "2,64": 1.5},
                            head_ms={"eagle": {"64": 0.25}, "eagle3": {"64": 0.3}}, ssd_ms={"ssd:plain": {"64": 4.0}},
@@ -291,14 +291,16 @@ def test_a_drafter_is_priced_by_the_step_its_plan_declares_and_nothing_else():
     assert set(WHOLE_NAMES) <= set(expected)
     for name, ms in expected.items():
         plan = parse_drafter(name)
-        assert plan.step in (None, *DRAFT_STEPS) and plan.model_drafts == (plan.step is not None)
+        assert plan.kind in DRAFTER_KINDS and plan.step in (None, *DRAFT_STEPS)
+        assert plan.model_drafts == (plan.step is not None)
         step = own_step(result, plan, ssd_layer=2)
         assert (step.per_seq[64] if step else None) == ms, name
     assert own_step(result, parse_drafter("m"), rows=2).ratio == {"batch": 2}  # a bench record's own rows
-    with pytest.raises(ValueError, match="declare the step its drafting runs"):
-        DrafterPlan("new", (), adaptive=False, step=None, head="eagle")  # a head priced as free
-    with pytest.raises(ValueError, match="declare the step its drafting runs"):
-        DrafterPlan("new", ("m",), adaptive=False, step="head")
+    with pytest.raises(ValueError, match="which is no kind of registry.DRAFTER_KINDS; add it there with the draft "
+                                         "step it is priced by"):
+        DrafterPlan("new", "layer skip")  # a kind nobody said how to price
+    with pytest.raises(ValueError, match="a head drafter has no members"):
+        DrafterPlan("new", "head", ("m",))
     with pytest.raises(ValueError, match="does not price"):
         own_step(result, types.SimpleNamespace(name="new", step="verifier", members=()))
 

@@ -689,21 +689,21 @@ def own_step(result: LatencyResult, plan: Any, rows: int | None = None, ssd_laye
     A plan that drafts with no network (``ar``, ``oracle``, ``pld``) has no step: None. A step this function does
     not know is an error, never priced as another's. ``bench``'s Eq. (1), ``profile-latency``'s and
     ``--gamma-schedule cost`` all look a drafter's step up here."""
-    from mmspec_cli.drafters.registry import DRAFT_MODEL_STEP, EARLY_EXIT_STEP, HEAD_STEP
+    from mmspec_cli.drafters.registry import DRAFT_MODEL, EARLY_EXIT, HEAD
 
     name = plan.name
     if plan.step is None:
         return None
-    if plan.step == HEAD_STEP:
+    if plan.step == HEAD:
         per_seq, chains = result.head_ms.get(name, {}), result.head_chain_ms.get(name, {})
         ratio, shown, leads = {"head": name}, f"{name} head step T_h", False  # a head's catch-up is its own T_h
-    elif plan.step == EARLY_EXIT_STEP:  # its compiled chain calls its compiled step γ times: no chain graph
+    elif plan.step == EARLY_EXIT:  # its compiled chain calls its compiled step γ times: no chain graph
         per_seq = result.ssd_ms.get(name, {}) if result.times_ssd(name, ssd_layer, imitation) else {}
         chains, ratio, leads = {}, {"ssd": name}, False
         through = " + imitation network" if name == "ssd" and imitation else ""
         layers = f"{ssd_layer} layer" if ssd_layer == 1 else f"{ssd_layer} layers"
         shown = f"ssd's own step T_s: the target's first {layers}{through}"
-    elif plan.step == DRAFT_MODEL_STEP:
+    elif plan.step == DRAFT_MODEL:
         batch = str(rows or len(plan.members))
         per_seq = {s: ms for key, ms in result.draft_ms.items() for b, s in [key.split(",")] if b == batch}
         chains = {key.split(",", 1)[1]: ms for key, ms in result.draft_chain_ms.items() if key.split(",")[0] == batch}

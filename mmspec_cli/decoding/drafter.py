@@ -8,7 +8,7 @@ A drafter has four verbs, one per moment of a block (docs/ARCHITECTURE.md, "The 
    (:class:`DraftShape`), after the prompt and the ``verified`` tokens generated so far. It returns a
    :class:`Draft` (or :class:`TreeDraft`): the tokens and, when sampling, the distribution each token was
    drawn from; the verifier needs exactly that q (vLLM's proposer/rejection-sampler split);
-3. ``accept(kept)``: what the target kept of that draft (:class:`Kept`): a count of drafted tokens, or a
+3. ``roll_back(kept)``: what the target kept of that draft (:class:`Kept`): a count of drafted tokens, or a
    tree's path. This is where the drafter rolls its own states back, as a visible step of the block;
 4. ``observe(target_logits, draft, verdict, picker)``: the target's logits along the followed chain
    (adaptive drafters learn here).
@@ -183,7 +183,7 @@ class Drafter(ABC):
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> "Draft | TreeDraft":
         """Draft after the prompt and the ``verified`` tokens generated in this turn, in ``shape``."""
 
-    def accept(self, kept: Kept) -> None:
+    def roll_back(self, kept: Kept) -> None:
         """The target kept ``kept`` of the last draft: roll the drafter's states back to it."""
 
     def observe(self, target_logits: torch.Tensor, draft: Draft, verdict: Verdict, picker: TokenPicker) -> None:

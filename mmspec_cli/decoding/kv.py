@@ -8,7 +8,7 @@ Two ways in, one per moment of a turn:
   The whole prefix is never re-run, except when the new part contains image placeholders (their pixels
   must go through the vision tower with the full prompt). :meth:`hold` makes the state hold a sequence.
 - **In a block**: lengths only. :meth:`extend` feeds tokens after what is held; :meth:`rollback` keeps the
-  first ``length`` positions (the engine's visible step after verification; a drafter's in ``accept``). No
+  first ``length`` positions (the engine's visible step after verification; a drafter's in ``roll_back``). No
   prefix search: the block knows what the state holds.
 
 Positions after a prompt fed with its images follow that prompt's rope offset (Qwen-VL's M-RoPE δ,

@@ -8,7 +8,7 @@
 3. **accept**: the verification rule (:mod:`.verify`) accepts a prefix (for a tree: of one branch) and
    adds the target's own token;
 4. **roll back**, two visible lines: the target keeps the verified tokens and the accepted drafts (a
-   length, or a tree's accepted path), and the drafter is told what was kept (``accept``), where it rolls
+   length, or a tree's accepted path), and the drafter is told what was kept (``roll_back``), where it rolls
    its own states back. After a block the target holds every verified token but the last, so the next
    block feeds only the target's token and the new draft;
 5. the drafter sees the target's logits along the followed chain (TABED's evidence).
@@ -103,7 +103,7 @@ class BlockStep:
         else:
             self.cached_target.keep_path(rooted(kept.nodes))
         if gamma > 0:  # a block cut to γ = 0 proposed nothing: the drafter has nothing to keep
-            self.drafter.accept(kept)
+            self.drafter.roll_back(kept)
         verify_s = laps.lap()
         # 5. observe
         if len(draft):

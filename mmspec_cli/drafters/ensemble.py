@@ -126,7 +126,7 @@ class EnsembleDrafter(Drafter):
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack([q for q, _ in kept]),
                      weights=weights)
 
-    def accept(self, kept: Kept) -> None:
+    def roll_back(self, kept: Kept) -> None:
         """Keep the verified context and the kept drafts the block fed to every row (a tree: its accepted path)."""
         if kept.nodes is not None:
             self.trees.keep_path(kept.nodes)

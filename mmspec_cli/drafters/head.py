@@ -15,7 +15,7 @@ per pair (f_p, e_{p+1}) of the target's last hidden state and the next input emb
    next token x; the pair (h, e_x)
    is fed next, at the next position, and so on: a chain of γ, or a tree level by level
    (EAGLE-2's dynamic tree when ``--tree dynamic``), each node fed with its parent's h.
-3. **Roll back** (``accept``). Every drafted entry is cropped again: the next catch-up feeds the
+3. **Roll back** (``roll_back``). Every drafted entry is cropped again: the next catch-up feeds the
    accepted tokens with the target's true features instead.
 
 A head is not an ensemble row: it is a different network over a different cache, fed by the
@@ -217,7 +217,7 @@ class HeadDrafter(Drafter):
         tokens, drawn_from = draft_chain(self.step, None, self.last_h, shape.length, picker)  # first: the LM head's
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
-    def accept(self, kept: Kept) -> None:
+    def roll_back(self, kept: Kept) -> None:
         """Every drafted entry goes (a tree's went already): the next catch-up feeds the kept tokens with the target's
         own features."""
         self.state.rollback(self.base)

@@ -29,7 +29,7 @@ Choices the implementations leave open:
   image is a forward some families refuse. Cutting is lossless (only fewer tokens are proposed).
 - Per block, the work is O(new tokens · max_ngram), not O(sequence): :class:`NgramIndex` maps each n-gram to its
   first start, built once per turn over the prompt and extended with each block's verified tokens. Drafted tokens
-  never enter it, so there is nothing to roll back (``accept`` is the contract's no-op).
+  never enter it, so there is nothing to roll back (``roll_back`` is the contract's no-op).
 - Sampling: the proposal is a point mass, ``Draft.probs`` one-hot rows (q = 1 on the proposed token) over the target's
   vocabulary, so the standard rejection rule stays exact (accept with probability p(token)).
 - Chains only: a lookup gives one continuation. Trees are refused before loading (``registry.check_chain_only``),

@@ -42,45 +42,62 @@ from mmspec_cli.drafters.views import caption_row, multimodal_row, pooled_row, t
 WHOLE_NAMES = ("ar", "ssd", *HEAD_KINDS, PLD, ORACLE)
 
 
-#: The draft steps a drafter's drafting is priced by (Eq. (1)'s c, ``--gamma-schedule cost``), as ``profile-latency``
-#: times them; each plan declares its own (:attr:`DrafterPlan.step`), and ``bench/latency.own_step`` is the one
-#: place that turns it into a cached timing.
-DRAFT_MODEL_STEP = "draft model"  # T_q(B, S, 1): one forward of the draft model over the drafter's B rows (members)
-HEAD_STEP = "head"  # T_h(S): one step of the drafter's trained head (eagle, vispec, eagle3)
-EARLY_EXIT_STEP = "early exit"  # T_s(S): the target's first ssd.layer layers (ssd: and its imitation network)
-DRAFT_STEPS = (DRAFT_MODEL_STEP, HEAD_STEP, EARLY_EXIT_STEP)
+#: The kinds of drafter a name plans (:attr:`DrafterPlan.kind`). Three draft with a network, and their drafting is
+#: priced by that network's step (Eq. (1)'s c, ``--gamma-schedule cost``) as ``profile-latency`` times it:
+DRAFT_MODEL = "draft model"  # m, t, c, p and ensembles: T_q(B, S, 1), one draft-model forward over its B rows
+HEAD = "head"  # eagle, vispec, eagle3: T_h(S), one step of the trained head
+EARLY_EXIT = "early exit"  # ssd, ssd:plain: T_s(S), the target's first ssd.layer layers (ssd: and its imitation net)
+#: ... and three draft with none:
+NO_DRAFTING = "no drafting"  # ar
+REPLAY = "replay"  # oracle: the target's own output of a first ar run
+LOOKUP = "lookup"  # pld: what followed an earlier occurrence of the last n-gram
+#: Every kind, with the draft step it is priced by (None: no network drafts). A new kind is added here, so it says
+#: how it is priced; ``bench/latency.own_step`` is the one place that turns a step into a cached timing.
+DRAFTER_KINDS = {DRAFT_MODEL: DRAFT_MODEL, HEAD: HEAD, EARLY_EXIT: EARLY_EXIT, NO_DRAFTING: None, REPLAY: None,
+                 LOOKUP: None}
+DRAFT_STEPS = tuple(step for step in DRAFTER_KINDS.values() if step is not None)
 
 
 @dataclass(frozen=True)
 class DrafterPlan:
-    """What a drafter name means: its members, whether weights adapt (TABED) or stay equal, and ``step``, the draft
-    step its drafting costs (one of :data:`DRAFT_STEPS`; None: no network drafts, ``ar``, ``oracle``, ``pld``).
-    ``step`` has no default, so a new kind of drafter says how it is priced; it must agree with the kind's flags."""
+    """What a drafter name means: its ``kind`` (one of :data:`DRAFTER_KINDS`), its ensemble members (a draft
+    model's only) and whether their weights adapt (TABED) or stay equal."""
 
     name: str
-    members: tuple[str, ...]
-    adaptive: bool
-    step: str | None
-    self_speculative: bool = False  # ssd: the target's own first layers draft; no draft model
-    head: str | None = None  # eagle / vispec / eagle3: the kind of trained head that drafts; no draft model
-    oracle: bool = False  # oracle: replays a first ar run; no model drafts
-    prompt_lookup: bool = False  # pld: copies from the prompt and the output so far; no model drafts
+    kind: str
+    members: tuple[str, ...] = ()
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
-        declared = {DRAFT_MODEL_STEP: bool(self.members), HEAD_STEP: self.head is not None,
-                    EARLY_EXIT_STEP: self.self_speculative}
-        networks = [step for step, drafts in declared.items() if drafts]
-        if self.step not in (None, *DRAFT_STEPS) or networks != ([self.step] if self.step else []):
-            raise ValueError(f"drafter '{self.name}' is planned with draft step {self.step!r} but drafts with "
-                             f"{networks or 'no network'}; declare the step its drafting runs (registry.DRAFT_STEPS)")
+        if self.kind not in DRAFTER_KINDS:
+            raise ValueError(f"drafter '{self.name}' is planned as a {self.kind!r} drafter, which is no kind of "
+                             f"registry.DRAFTER_KINDS; add it there with the draft step it is priced by")
+        if bool(self.members) != (self.kind == DRAFT_MODEL):
+            raise ValueError(f"drafter '{self.name}': a {self.kind} drafter has "
+                             f"{'no members' if self.kind != DRAFT_MODEL else 'members'} (got {self.members})")
+
+    @property
+    def step(self) -> str | None:
+        """The draft step this drafter's drafting is priced by (:data:`DRAFTER_KINDS`); None when no network drafts."""
+        return DRAFTER_KINDS[self.kind]
 
     @property
     def needs_draft(self) -> bool:
-        return bool(self.members)
+        return self.kind == DRAFT_MODEL
 
     @property
     def needs_captioner(self) -> bool:
         return "c" in self.members
+
+    @property
+    def self_speculative(self) -> bool:
+        """ssd: the target's own first layers draft; no draft model."""
+        return self.kind == EARLY_EXIT
+
+    @property
+    def head(self) -> str | None:
+        """The kind of trained head that drafts (eagle, vispec, eagle3: the drafter's name), or None."""
+        return self.name if self.kind == HEAD else None
 
     @property
     def model_drafts(self) -> bool:
@@ -124,26 +141,26 @@ def parse_drafter(name: str, default_members: tuple[str, ...] = ("m", "t")) -> D
         raise InputError(f"'{name}' is a bench-only peer row, not a drafter of generate or compare; "
                          f"run it beside the drafters with `mmspec bench SOURCE --drafters ar,{name}`")
     if name == "ar":
-        return DrafterPlan(name, (), adaptive=False, step=None)
+        return DrafterPlan(name, NO_DRAFTING)
     if name in ("ssd", SSD_PLAIN):
-        return DrafterPlan(name, (), adaptive=False, step=EARLY_EXIT_STEP, self_speculative=True)
+        return DrafterPlan(name, EARLY_EXIT)
     if name in HEAD_KINDS:
-        return DrafterPlan(name, (), adaptive=False, step=HEAD_STEP, head=name)
+        return DrafterPlan(name, HEAD)
     if name == ORACLE:
-        return DrafterPlan(name, (), adaptive=False, step=None, oracle=True)
+        return DrafterPlan(name, REPLAY)
     if name == PLD:
-        return DrafterPlan(name, (), adaptive=False, step=None, prompt_lookup=True)
+        return DrafterPlan(name, LOOKUP)
     if name == "tabed":
-        return DrafterPlan(name, tuple(default_members), adaptive=True, step=DRAFT_MODEL_STEP)
+        return DrafterPlan(name, DRAFT_MODEL, tuple(default_members), adaptive=True)
     if name.startswith("tabed:"):
         members = _letters(name, name.split(":", 1)[1])
         if len(members) < 2:
             raise InputError(f"drafter '{name}' needs at least two members, e.g. tabed:mt")
-        return DrafterPlan(name, members, adaptive=True, step=DRAFT_MODEL_STEP)
+        return DrafterPlan(name, DRAFT_MODEL, members, adaptive=True)
     if not name:
         raise InputError(f"empty drafter name; choose m, t, c, p, a combination such as mt, tabed, or one of "
                          f"{', '.join(WHOLE_NAMES)}")
-    return DrafterPlan(name, _letters(name, name), adaptive=False, step=DRAFT_MODEL_STEP)
+    return DrafterPlan(name, DRAFT_MODEL, _letters(name, name))
 
 
 def parse_drafter_list(text: str, default_members: tuple[str, ...] = ("m", "t"), extra: tuple[str, ...] = ()) -> list[str]:
@@ -226,23 +243,23 @@ def build_drafter(
     ``imitation`` the imitation network ``ssd`` drafts through (``ssd:plain`` never does), ``recorded`` the token
     ids per turn of a first ``ar`` run that ``oracle`` replays."""
     plan = parse_drafter(name, default_members)
-    if plan.prompt_lookup:
+    if plan.kind == LOOKUP:
         return PromptLookupDrafter(target)
-    if plan.oracle:
+    if plan.kind == REPLAY:
         if recorded is None:
             raise InputError("drafter 'oracle' replays the output of a first ar run of the same input; run ar first "
                              "(bench and compare: list ar before oracle in --drafters)")
         return OracleDrafter(recorded)
-    if plan.self_speculative:
+    if plan.kind == EARLY_EXIT:
         return SelfSpeculativeDrafter(target, ssd_layer, imitation if name == "ssd" else None, name=name)
-    if plan.head is not None:
+    if plan.kind == HEAD:
         if head is None or head.kind != plan.head:
             raise InputError(f"drafter '{name}' needs a {plan.head} head; add `head: {{model: PATH, kind: {plan.head}}}` "
                              f"to the profile, or train one with `mmspec train-head {plan.head}`")
         return HeadDrafter(target, head)
-    if plan.name == "ar":
+    if plan.kind == NO_DRAFTING and plan.name == "ar":
         return NoDrafter()
-    if not plan.needs_draft:  # a name parse_drafter plans for and no branch above builds: a half-registered drafter
+    if plan.kind != DRAFT_MODEL:  # a name parse_drafter plans for and no branch above builds: a half-registered drafter
         raise ValueError(f"drafter '{name}' has a plan but build_drafter builds nothing for it; add its branch "
                          f"(docs/ARCHITECTURE.md, How to add a drafter), rather than let it run as ar")
     if draft is None:

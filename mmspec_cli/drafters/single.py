@@ -73,7 +73,7 @@ class SingleModelDrafter(Drafter):
     """Autoregressive drafting with the draft model's KV cache over one prompt view.
 
     Its cache holds the prompt view, the verified tokens but the last, and what the block fed of its draft;
-    ``accept`` rolls it back to the kept drafts, and the next block's catch-up feeds only the new verified tokens.
+    ``roll_back`` rolls it back to the kept drafts, and the next block's catch-up feeds only the new verified tokens.
     """
 
     def __init__(self, name: str, draft: LoadedModel, view: PromptView, target_vocab: int):
@@ -145,7 +145,7 @@ class SingleModelDrafter(Drafter):
             tokens, drawn_from = draft_chain(self.step, self._catch_up(verified), None, shape.length, picker)
         return Draft(tokens=tokens, probs=None if picker.greedy else torch.stack(drawn_from))
 
-    def accept(self, kept: Kept) -> None:
+    def roll_back(self, kept: Kept) -> None:
         """Keep the verified context and the kept drafts the block fed (a tree: its accepted path)."""
         if kept.nodes is not None:
             self.trees.keep_path(kept.nodes)

@@ -203,7 +203,7 @@ class SelfSpeculativeDrafter(Drafter):
     @inference
     def propose(self, verified: Sequence[int], shape: DraftShape, picker: TokenPicker) -> Draft | TreeDraft:
         """A chain drafted in the view, given back before verification: layers 0..n-1 are rolled back to the verified
-        context at once (verification recomputes the block and must find the pointers there), so ``accept`` has
+        context at once (verification recomputes the block and must find the pointers there), so ``roll_back`` has
         nothing to roll back."""
         if shape.tree:
             return self.trees.draft(verified, shape, picker)

@@ -25,7 +25,7 @@ are chosen deterministically, greedy or sampling alike; the verifier's rule for 
 candidates keeps the target's distribution.
 
 Only some nodes are fed to the draft's cache; :attr:`TreeDrafts.fed` maps a tree node to its number in
-the cache, so that :meth:`TreeDrafts.keep_path` (called from the drafter's ``accept``) keeps the accepted
+the cache, so that :meth:`TreeDrafts.keep_path` (called from the drafter's ``roll_back``) keeps the accepted
 nodes the cache holds.
 """
 
