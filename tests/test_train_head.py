@@ -30,7 +30,7 @@ from mmspec_cli.training.answers import AnswerFile, AnswerSettings, generate_ans
 from mmspec_cli.training.checkpoint import NAME as CHECKPOINT, save_checkpoint
 from mmspec_cli.models.images import load_images
 from mmspec_cli.training.acceptance import measure
-from mmspec_cli.bench.records import OutLock
+from mmspec_cli.models.file_lock import OutLock
 from mmspec_cli.bench.sources import SUITES
 from mmspec_cli.errors import InputError
 from mmspec_cli.training import answers as answers_mod

@@ -26,13 +26,8 @@ is left as it was, and a run that ends normally keeps its file even with no reco
 samples), so ``--summarize`` finds every shard's file.
 
 Only one process may write a results file at a time: two would both run the turns neither had
-recorded yet and write them twice. The writer holds an exclusive ``flock`` on a lock file next to
-it, ``FILE.lock``, for the whole run; the file holds the writer's PID, so a second writer is
-refused naming the first. A sidecar is used rather than the results file itself because resuming
-replaces the results file (``os.replace``), which would leave a lock on the old inode. The lock
-file is removed when the run ends; one left by a killed run is no lock (the kernel released it)
-and the next run takes it over. ``flock`` is advisory and local: it does not guard a file on a
-network file system written from two machines. Without ``fcntl`` (Windows) there is no lock.
+recorded yet and write them twice. The writer holds :class:`~mmspec_cli.models.file_lock.OutLock` on it for the
+whole run (``FILE.lock`` beside it, holding the writer's PID), as ``train-head`` does on its folder and answers.
 """
 
 from __future__ import annotations
@@ -50,11 +45,7 @@ from mmspec_cli.bench.report import counted
 from mmspec_cli.bench.samples import Sample
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.errors import InputError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; the results file is then unguarded
-    fcntl = None
+from mmspec_cli.models.file_lock import OutLock, unwritable
 
 if TYPE_CHECKING:  # the engine imports torch; the CLI imports this module before it needs torch
     from mmspec_cli.decoding.events import TurnResult
@@ -402,88 +393,7 @@ def _open_append(path: Path) -> tuple[int, bool]:
         except FileExistsError:
             return os.open(path, flags, 0o644), False
     except OSError as exc:
-        raise _unwritable(path, exc) from None
-
-
-def _unwritable(path: Path, exc: OSError, what: str = "--out") -> InputError:
-    return InputError(f"{what} {path} can't be written ({exc.strerror or type(exc).__name__}); "
-                      f"choose a writable file path")
-
-
-class LockHeld(InputError):
-    """:meth:`OutLock.acquire`'s refusal when another process holds the lock; ``holder``: its PID, where it wrote
-    one. The message gives bench's advice; a command with other advice (train-head) catches it and says its own."""
-
-    def __init__(self, message: str, holder: int | None):
-        super().__init__(message)
-        self.holder = holder
-
-
-class OutLock:
-    """An exclusive ``flock`` on ``FILE.lock`` next to a results file, holding the owner's PID (module docstring)."""
-
-    def __init__(self, path: Path, fd: int):
-        self.path = path
-        self._fd = fd
-
-    @classmethod
-    def acquire(cls, out: Path, what: str = "--out") -> "OutLock | None":
-        """The lock of ``out``, or an :class:`InputError` naming the process that holds it (``what``: how the
-        error line names ``out``, bench's ``--out`` or train-head's answers file).
-
-        None where there is nothing to lock: no ``fcntl``, or ``out`` is not a regular file (``/dev/null``)."""
-        if fcntl is None or (out.exists() and not out.is_file()):
-            return None
-        path = cls.file_for(out)
-        while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise _unwritable(out, exc, what) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    break  # a file system without locks (ENOLCK): go on unguarded, as without fcntl
-                holder = _read_pid(fd)
-                os.close(fd)
-                who = f"another process (PID {holder})" if holder else "another process"
-                raise LockHeld(f"{what} {out} is being written by {who}; let it finish or stop it, "
-                               f"then continue the file with --resume, or choose another --out", holder) from None
-            # the lock's owner removes the file as it releases it: then we hold a lock on a removed file, try again
-            try:
-                if os.path.samestat(os.fstat(fd), os.stat(path)):
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError:
-            pass  # a full disk: the lock holds all the same, only a refused writer can't name us
-        return cls(path, fd)
-
-    @staticmethod
-    def file_for(out: Path) -> Path:
-        """``FILE.lock``, the lock file of ``out``."""
-        return out.with_name(out.name + ".lock")
-
-    def release(self) -> None:
-        """Remove the lock file, then let go (in this order, see :meth:`acquire`)."""
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
-        os.close(self._fd)
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
+        raise unwritable(path, exc) from None
 
 
 def _prepare_resume(path: Path, settings: dict[str, Any]) -> list[Record]:

@@ -1,7 +1,7 @@
 """Which train-head runs may work at once: one per DIR, and one at a time answering into an answers file.
 
 - **DIR** is locked for the whole run, by ``DIR.train.lock`` beside it
-  (:class:`~mmspec_cli.bench.records.OutLock`, removed when the run ends; one left by a killed run
+  (:class:`~mmspec_cli.models.file_lock.OutLock`, removed when the run ends; one left by a killed run
   is no lock). A second run into the same DIR is refused in one line naming the first; it is not
   told to ``--resume``, as the first run may have written no checkpoint yet.
 - **The answers file** is locked (``FILE.lock``) only while the run answers into it and every
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mmspec_cli.bench.records import LockHeld, OutLock
+from mmspec_cli.models.file_lock import LockHeld, OutLock
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.prompts import shorten
 

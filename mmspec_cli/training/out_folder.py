@@ -30,7 +30,7 @@ from mmspec_cli.errors import InputError
 from mmspec_cli.models.profiles import PACKAGE_DIR
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.writing import check_can_make, existing_ancestor
-from mmspec_cli.bench.records import OutLock
+from mmspec_cli.models.file_lock import OutLock
 from mmspec_cli.training.locks import out_lock_path
 
 CONFIG = "config.json"

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mmspec_cli.bench.records import OutLock
+from mmspec_cli.models.file_lock import OutLock
 from mmspec_cli.choices import EAGLE3, IMITATION
 from mmspec_cli.drafters.head import HeadDrafter
 from mmspec_cli.drafters.ssd import SelfSpeculativeDrafter, check_layer, layer_count
