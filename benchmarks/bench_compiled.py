@@ -184,7 +184,7 @@ def cold_compile() -> list[float]:
 
 def compile_once() -> None:
     """Decode the first demo-single sample with ar and m compiled (the demo pair's steps); print compile_s."""
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.decoding.compiled import LOG
 
     torch.set_num_threads(1)
@@ -214,7 +214,7 @@ def main() -> None:
     unknown = [c for c in configs if c not in ALL_CONFIGS]
     if unknown:
         raise SystemExit(f"unknown configuration {', '.join(unknown)}: choose from {', '.join(ALL_CONFIGS)}")
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.decoding.compiled import LOG
 
     torch.set_num_threads(1)

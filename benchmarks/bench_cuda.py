@@ -36,8 +36,8 @@ import transformers
 
 from mmspec_cli.api import ModelSet
 from mmspec_cli.bench import latency
-from mmspec_cli.bench.samples import load_sample_images
-from mmspec_cli.bench.sources import demo_suite
+from mmspec_cli.inputs.samples import load_sample_images
+from mmspec_cli.inputs.sources import demo_suite
 from mmspec_cli.drafters import captioner as captioner_module
 from mmspec_cli.models.profiles import load_profile
 

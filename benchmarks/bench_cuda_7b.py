@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help=SMALL_HELP)
     args = parser.parse_args()
     device = chosen_device(args.small)
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.decoding.compiled import LOG
     from mmspec_cli.decoding.engine import SpeculativeDecoder
 

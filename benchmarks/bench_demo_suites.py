@@ -89,7 +89,7 @@ def fmt(value: float | None, digits: int = 2) -> str:
 
 def suites_manifest(n: int, folder: Path) -> Path:
     """The first ``n`` samples of every demo suite as a ``bench`` manifest (PNG images, history)."""
-    from mmspec_cli.bench.sources import demo_suite
+    from mmspec_cli.inputs.sources import demo_suite
 
     (folder / "images").mkdir(parents=True, exist_ok=True)
     lines = []

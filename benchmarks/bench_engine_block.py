@@ -24,7 +24,7 @@ How. Each measurement runs in a subprocess (this file with ``--worker JOB``) wit
 ``torch.set_num_threads(1)``. Old and new alternate round by round (figure 1: R rounds, one process per tree per
 round, the tree that goes first alternating). Only the public API of both trees is used (``ModelSet.load``,
 ``ModelSet.decoder``, ``apply_overrides``, ``decoder.stream`` and its ``BlockVerified`` events, the demo suites of
-``mmspec_cli.bench.sources``); the time inside model forwards is measured by instrumentation that lives here only:
+``mmspec_cli.inputs.sources``); the time inside model forwards is measured by instrumentation that lives here only:
 
 - torch's global module forward hooks (``register_module_forward_pre_hook`` / ``register_module_forward_hook``)
   time every eager module call (the outermost only: a depth count, so a decoder layer inside a model is not counted
@@ -880,7 +880,7 @@ def interleaved(names: Sequence[str], samples: Sequence, reps: int) -> Iterator[
 
 
 def samples_of(spec) -> list:
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
 
     return [sample for suite, n in spec for sample in resolve(suite, n)]
 

@@ -49,7 +49,7 @@ def main() -> None:
 
     from bench_demo_suites import machine
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.decoding.compiled import trace_key
     from mmspec_cli.decoding.kv import CachedModel
     from mmspec_cli.models.parts import with_cache

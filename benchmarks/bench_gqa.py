@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="cached tokens before the timed step")
     args = parser.parse_args()
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.drafters.registry import build_drafter
     from mmspec_cli.models.profiles import load_profile
 

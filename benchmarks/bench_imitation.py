@@ -31,8 +31,8 @@ from pathlib import Path
 from bench_demo_suites import SUITES, machine
 
 from mmspec_cli.api import ModelSet
-from mmspec_cli.bench.samples import load_sample_images
-from mmspec_cli.bench.sources import resolve
+from mmspec_cli.inputs.samples import load_sample_images
+from mmspec_cli.inputs.sources import resolve
 from mmspec_cli.models.profiles import load_profile
 
 TREES = {"chain": {}, "dynamic 30/3/8": {"tree": "dynamic", "tree_budget": 30, "tree_depth": 3, "tree_topk": 8}}

@@ -69,7 +69,7 @@ def decoder_at(models, drafter: str, **overrides):
 
 
 def samples(n: int, skip: int) -> list:
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
 
     return [(suite, sample) for suite in SUITES for sample in resolve(suite, skip + n)[skip:]]
 

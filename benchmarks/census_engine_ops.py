@@ -44,7 +44,7 @@ def main() -> None:
     from torch.overrides import TorchFunctionMode
 
     from mmspec_cli.api import ModelSet
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.models.profiles import apply_overrides, load_profile
 
     torch.set_num_threads(1)

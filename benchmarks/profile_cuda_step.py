@@ -222,7 +222,7 @@ def compiled_step(models, seq: int, capacity: int, rounds: int, profile_steps: i
 def prefill_parts(models, rounds: int, record) -> None:
     """Part 4: the processor, the forward with the image, the same with text in the image's slots, eager and
     compiled (one fixed shape, no CUDA graphs)."""
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.decoding.kv_state import StaticKV, static_capacity
     from mmspec_cli.models.parts import with_cache
     from mmspec_cli.models.positions import TEXT_POSITIONS

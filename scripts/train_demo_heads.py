@@ -65,7 +65,7 @@ def train_one(kind: str, out: Path, work: Path, plan: HeadPlan) -> dict:
 
     torch.set_num_threads(plan.threads)
     torch.use_deterministic_algorithms(True)
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.models.profiles import load_profile
     from mmspec_cli.training.answers import AnswerSettings
     from mmspec_cli.training.corpus import DEMO_TRAIN, from_sample
@@ -106,7 +106,7 @@ def measure(out: Path, per_suite: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from mmspec_cli.bench.sources import DEMO_SUITES, demo_suite
+    from mmspec_cli.inputs.sources import DEMO_SUITES, demo_suite
     from mmspec_cli.decoding.engine import SpeculativeDecoder
     from mmspec_cli.drafters.head import HeadDrafter
     from mmspec_cli.drafters.autoregressive import NoDrafter

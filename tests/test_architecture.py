@@ -21,7 +21,7 @@ LAYERS = {
     "errors": 0, "choices": 0,
     "models": 1, "images": 2,  # images: the README's alias of models.images
     "decoding": 2, "demo": 2,
-    "drafters": 3,
+    "drafters": 3, "inputs": 3,
     "api": 4,
     "bench": 5,
     "selectlayer": 6, "training": 6,

@@ -25,11 +25,12 @@ from typer.testing import CliRunner
 
 from mmspec_cli.bench import latency
 from tests import tiny
-from mmspec_cli.bench import hub, records as records_mod
-from mmspec_cli.bench.prompts import continue_prompt, paper_prompt, prompt_key_for
+from mmspec_cli.bench import records as records_mod
+from mmspec_cli.inputs import hub
+from mmspec_cli.inputs.prompts import continue_prompt, paper_prompt, prompt_key_for
 from mmspec_cli.bench.report import check_line, counted, failure_line, table
-from mmspec_cli.bench.samples import Sample, parse_shard, select
-from mmspec_cli.bench.sources import resolve
+from mmspec_cli.inputs.samples import Sample, parse_shard, select
+from mmspec_cli.inputs.sources import resolve
 from mmspec_cli.decoding.schedules import OPENING_BLOCKS
 from mmspec_cli.bench.summary import ranks, summarize, token_check
 from mmspec_cli.cli.app import app
@@ -777,14 +778,14 @@ def test_paper_prompts_are_refused_for_a_qwen_target_once_loaded(files, qwen_tar
 
 
 def test_pil_images_from_datasets_load(tmp_path):
-    from mmspec_cli.bench.samples import load_sample_images
+    from mmspec_cli.inputs.samples import load_sample_images
 
     gray = Image.new("L", (8, 8))
     assert load_sample_images(Sample("x", "c", ("q",), (gray,)))[0].mode == "RGB"
 
 
 def test_built_in_demo_suites_run_and_are_deterministic(files, tmp_path):
-    from mmspec_cli.bench.sources import DEMO_SUITES
+    from mmspec_cli.inputs.sources import DEMO_SUITES
     from mmspec_cli.demo.tasks import DEFAULT_SUITE_SIZE, suite
 
     first, again = resolve("demo-story"), resolve("demo-story")

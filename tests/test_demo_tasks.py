@@ -382,6 +382,6 @@ def test_manifest_round_trip(tmp_path):
                 assert img.convert("RGB").tobytes() == render(scene, 32).tobytes()
     plain = to_manifest(xs[:1], tmp_path / "p")
     assert set(json.loads(plain.read_text())) == {"id", "images", "turns", "category"}
-    from mmspec_cli.bench.samples import read_manifest  # the manifest is mmspec bench's own input format
+    from mmspec_cli.inputs.samples import read_manifest  # the manifest is mmspec bench's own input format
 
     assert [s.id for s in read_manifest(path)] == [x.id for x in xs]

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from mmspec_cli.bench import mmspec_results
-from mmspec_cli.bench.sources import resolve
+from mmspec_cli.inputs.sources import resolve
 from mmspec_cli.models.profiles import load_profile
 from tests import tiny
 from tests.helpers import assert_one_line_error, cli, write_profile

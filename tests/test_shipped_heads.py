@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from mmspec_cli.bench.samples import load_sample_images
-from mmspec_cli.bench.sources import resolve
+from mmspec_cli.inputs.samples import load_sample_images
+from mmspec_cli.inputs.sources import resolve
 from mmspec_cli.cli.app import app
 from mmspec_cli.decoding.engine import SpeculativeDecoder, eos_ids
 from mmspec_cli.drafters.head import HeadDrafter

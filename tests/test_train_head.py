@@ -31,7 +31,7 @@ from mmspec_cli.training.checkpoint import NAME as CHECKPOINT, save_checkpoint
 from mmspec_cli.models.images import load_images
 from mmspec_cli.training.acceptance import measure
 from mmspec_cli.models.file_lock import OutLock
-from mmspec_cli.bench.sources import SUITES
+from mmspec_cli.inputs.sources import SUITES
 from mmspec_cli.errors import InputError
 from mmspec_cli.training import answers as answers_mod
 from mmspec_cli.training.corpus import DEMO_TRAIN, Conversation, conversations

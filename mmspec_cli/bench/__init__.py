@@ -1,11 +1,8 @@
 """``mmspec bench``: run drafters over a set of samples, record every turn, summarise.
 
-One module per job:
+Its samples come from :mod:`mmspec_cli.inputs` (SOURCE, manifests, datasets, the paper's prompts), which
+training and select-layer read too. One module per job:
 
-- :mod:`.samples`: the :class:`Sample` type, JSONL manifests, ``--limit``/``--shard`` selection;
-- :mod:`.sources`: SOURCE -> samples (manifest path, built-in suite, Hugging Face dataset id);
-- :mod:`.hub`: field adapters for the Hugging Face datasets of TABED App. J;
-- :mod:`.prompts`: TABED App. I.1 dataset prompts (``--prompt-style paper``);
 - :mod:`.records`: the JSONL results file (append + fsync per record, resume);
 - :mod:`.runner`: samples x drafters over one loaded :class:`~mmspec_cli.api.ModelSet`;
 - :mod:`.progress`: the progress bar on stderr;

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mmspec_cli.bench.records import ROUNDS, Record
-from mmspec_cli.bench.samples import Sample
+from mmspec_cli.inputs.samples import Sample
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.prompts import shorten
 

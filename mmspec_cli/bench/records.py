@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmspec_cli.bench.report import counted
-from mmspec_cli.bench.samples import Sample
+from mmspec_cli.inputs.samples import Sample
 from mmspec_cli.decoding.metrics import RunStats
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.file_lock import OutLock, unwritable

@@ -26,13 +26,13 @@ from typing import Any
 from mmspec_cli.api import ModelSet
 from mmspec_cli.bench.peers import bench_decoder
 from mmspec_cli.bench.progress import BenchProgress
-from mmspec_cli.bench.prompts import continue_prompt, paper_prompt
+from mmspec_cli.inputs.prompts import continue_prompt, paper_prompt
 from mmspec_cli.bench.records import Record, ResultsFile, ResultsWriteError, engine_record, error_record
 from mmspec_cli.bench.report import counted
 from mmspec_cli.decoding.events import TurnFinished, TurnStarted
 from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.prompts import image_placeholder, process
-from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.inputs.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_shown
 from mmspec_cli.choices import ORACLE
 

@@ -99,14 +99,14 @@ def bench(
     for flag, value in (("--limit", limit), ("--turns", turns)):
         if value is not None and value < 1:
             raise InputError(f"{flag}: expected an integer >= 1, got {value}")
-    from mmspec_cli.bench.samples import parse_shard
+    from mmspec_cli.inputs.samples import parse_shard
 
     shard_ = parse_shard(shard)
     loaded = load_profile(profile)
     chosen = apply_overrides(mmspec_results.apply_protocol(loaded) if protocol else loaded, **overrides)
     check_profile_fits(names, chosen)
     if prompt_style == "paper":
-        from mmspec_cli.bench.prompts import check_paper_target
+        from mmspec_cli.inputs.prompts import check_paper_target
         from mmspec_cli.models.loading import model_type_on_disk
 
         check_paper_target(model_type_on_disk(chosen.target), chosen.target.model)
@@ -198,8 +198,8 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
     from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
-    from mmspec_cli.bench.samples import check_image_files, select
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.samples import check_image_files, select
+    from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.models.loading import int8_threshold
 
     decoding = profile.decoding
@@ -236,7 +236,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
 
                     bound_pixels(models)
                 if prompt_style == "paper":  # a hub target whose config was not on disk before it loaded
-                    from mmspec_cli.bench.prompts import check_paper_target
+                    from mmspec_cli.inputs.prompts import check_paper_target
 
                     check_paper_target(models.target.model.config.model_type, profile.target.model)
                 settings = dataclasses.replace(settings, threads=apply_threads(threads, models.target.model).count)

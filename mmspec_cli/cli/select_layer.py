@@ -156,7 +156,7 @@ def _trained_layer(profile: Profile, scored: bool) -> int | None:
 
 def _samples(sources: list[str], questions: list[str], limit: int | None) -> list:
     """A calibration set: images with -q (one sample), or one SOURCE resolved like ``bench``'s."""
-    from mmspec_cli.bench.samples import Sample
+    from mmspec_cli.inputs.samples import Sample
     from mmspec_cli.models.images import load_images
 
     if questions:
@@ -165,7 +165,7 @@ def _samples(sources: list[str], questions: list[str], limit: int | None) -> lis
     if len(sources) != 1:
         raise InputError("pass one calibration SOURCE (a manifest, a suite such as demo-single, a dataset id), "
                          "or image files with -q QUESTION")
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
 
     samples = resolve(sources[0], limit)
     if not samples:

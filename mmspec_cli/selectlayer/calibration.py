@@ -20,7 +20,7 @@ import torch
 
 from mmspec_cli.api import ModelSet
 from mmspec_cli.choices import SSD_PLAIN
-from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.inputs.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
 from mmspec_cli.models.families import family_of
 from mmspec_cli.models.parts import text_decoder

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmspec_cli.bench.samples import Sample, load_sample_images, load_turn_images
+from mmspec_cli.inputs.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_per_user_turn, images_shown
 from mmspec_cli.models.images import load_image
-from mmspec_cli.bench.sources import resolve
+from mmspec_cli.inputs.sources import resolve
 from mmspec_cli.errors import InputError
 
 DEMO_TRAIN = "demo-train"

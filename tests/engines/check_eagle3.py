@@ -83,7 +83,7 @@ def load_target(dtype: str = "float32"):
 
 def demo_questions(source: str = "demo-story", n: int = 5) -> list[str]:
     """The first question of each of the first ``n`` conversations of ``source`` (its images left out)."""
-    from mmspec_cli.bench.sources import resolve
+    from mmspec_cli.inputs.sources import resolve
 
     return [sample.turns[0] for sample in resolve(source, n)]
 

@@ -42,8 +42,8 @@ from itertools import islice
 from typing import Any
 
 from mmspec_cli.errors import InputError
-from mmspec_cli.bench.prompts import strip_image_markers
-from mmspec_cli.bench.samples import Sample
+from mmspec_cli.inputs.prompts import strip_image_markers
+from mmspec_cli.inputs.samples import Sample
 
 INSTALL_HINT = "pip install 'mmspec[datasets]'"
 MAX_INTERLEAVE_IMAGES = 16

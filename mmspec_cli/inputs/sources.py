@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmspec_cli.errors import InputError
-from mmspec_cli.bench import hub
-from mmspec_cli.bench.samples import Sample, read_manifest, read_mmspec_folder
+from mmspec_cli.inputs import hub
+from mmspec_cli.inputs.samples import Sample, read_manifest, read_mmspec_folder
 from mmspec_cli.models.images import is_image_file
 from mmspec_cli.models.prompts import shorten
 

@@ -34,7 +34,7 @@ from typing import Any
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.images import load_image, to_rgb
 from mmspec_cli.models.prompts import check_history, shorten
-from mmspec_cli.bench.prompts import prompt_key_for
+from mmspec_cli.inputs.prompts import prompt_key_for
 
 REQUIRED = ("id", "images", "turns", "category")
 
