@@ -35,7 +35,9 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2Rot
 
 from mmspec_cli.models.parts import with_cache
 
-HEAD_KINDS = ("eagle", "vispec")
+#: The kinds of head this module builds, EAGLE-2's and ViSpec's (EAGLE-3's is ``models/eagle3.py``; all three:
+#: ``choices.HEAD_KINDS``)
+DRAFT_HEAD_KINDS = ("eagle", "vispec")
 DEFAULT_NUM_Q = 2  # ViSpec's code (the paper says 1); published checkpoints don't store it
 #: LlamaConfig keys a Qwen2 layer has no use for (its q/k/v biases are fixed, o has none, the MLP has none)
 LLAMA_ONLY = ("model_type", "architectures", "transformers_version", "attention_bias", "mlp_bias", "pretraining_tp",
@@ -92,7 +94,7 @@ class DraftHead(nn.Module):
 
     def __init__(self, config: LlamaConfig, kind: str, num_q: int = DEFAULT_NUM_Q):
         super().__init__()
-        if kind not in HEAD_KINDS:
+        if kind not in DRAFT_HEAD_KINDS:
             raise ValueError(f"unknown head kind {kind!r}")
         config._attn_implementation = "sdpa"
         self.config, self.kind, self.num_q = config, kind, num_q
