@@ -30,6 +30,7 @@ from mmspec_cli.decoding.engine import SpeculativeDecoder
 from mmspec_cli.decoding.schedules import StepCosts
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.head_files import load_head
+from mmspec_cli.models.head_folders import with_article
 from mmspec_cli.models.imitation import load_imitation
 from mmspec_cli.models.loading import (LoadedModel, check_tokenizer_files, is_language_model, load_model,
                                        model_type_on_disk, pair_draft)
@@ -200,7 +201,7 @@ def head_spec(profile: Profile, kind: str) -> HeadSpec:
     chosen = [h for h in heads if h.kind == kind] or [h for h in heads if h.kind is None]
     if not chosen:
         have = ", ".join(f"{h.kind} ({shorten(h.model)})" for h in heads)
-        raise InputError(f"drafter '{kind}' needs a {kind} head and the profile names "
+        raise InputError(f"drafter '{kind}' needs {with_article(kind)} head and the profile names "
                          f"{'only ' + have if have else 'no head'}; add `head: {{model: PATH, kind: {kind}}}` to the "
                          f"profile, or train one with `mmspec train-head {kind}`")
     return chosen[0]

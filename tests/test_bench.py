@@ -49,7 +49,7 @@ DRAFTERS = "ar,m,t"
 RECORD_KEYS = {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks", "block_efficiency",
                "acceptance_rate", "wall_s", "tokens_per_s", "drafted", "accepted", "prompt_tokens", "gamma",
                "temperature", "max_new_tokens", "prompt_style", "target", "draft", "top_p", "top_k", "seed", "ensemble",
-               "threads", "accepted_per_block"}
+               "threads", "int8_threshold", "accepted_per_block"}
 SAMPLES = [
     {"id": "s0", "images": ["img0.png"], "turns": ["what is in the image?", "and then?"], "category": "llava-w"},
     {"id": "s1", "images": ["img1.png", "img0.png"], "turns": ["what changed between the two images?", "why?"],
@@ -378,7 +378,7 @@ def test_resume_names_the_drafting_setting_that_differs():
 @pytest.mark.parametrize("kind", ["eagle", "vispec", "eagle3"])
 def test_every_head_drafter_records_its_head_so_resume_refuses_another(run, files, tmp_path, no_model_loading, kind):
     """A file made with one head of any kind (eagle3 included) is not continued with another head of that kind."""
-    from mmspec_cli.cli.bench import drafting_settings
+    from mmspec_cli.bench.runner import drafting_settings
 
     def with_head(folder: str) -> str:
         spec = yaml.safe_load(Path(files["profile"]).read_text()) | {"head": [{"model": folder, "kind": kind}]}
@@ -406,7 +406,7 @@ CANT_RUN = {
     "no draft": ("m", {"draft": None}, "drafter 'm' needs a draft model"),
     "no captioner": ("tabed:mc", {}, "uses caption drafting (c) but the profile has no captioner"),
     "no ssd layer": ("ssd", {}, "drafter 'ssd' needs ssd.layer"),
-    "no head": ("eagle3", {}, "drafter 'eagle3' needs a eagle3 head"),
+    "no head": ("eagle3", {}, "drafter 'eagle3' needs an eagle3 head"),
     "images to a language-only draft": ("m", {"draft": "language"}, "which shows the images to the draft"),
     "a tree for pld": ("pld", {"decoding": {"tree_width": 2}}, "the pld drafter drafts chains"),
     "compiling a quantized target": ("ar", {"decoding": {"compile": True}, "target": {"quantization": "8bit"}},

@@ -421,7 +421,7 @@ def test_cli_generate_and_bench_with_heads(tiny_models, tiny_dirs, head_dirs, tm
     only_vispec = head_profile(tmp_path / "v.yaml", tiny_dirs, {"model": str(head_dirs["vispec"]), "kind": "vispec"})
     assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", only_vispec,
                                               "--drafter", "eagle"]),
-                          "drafter 'eagle' needs a eagle head and the profile names only vispec")
+                          "drafter 'eagle' needs an eagle head and the profile names only vispec")
     no_kind = head_profile(tmp_path / "k.yaml", tiny_dirs, {"model": str(head_dirs["vispec"])})  # the head's kind: its own
     assert_one_line_error(runner.invoke(app, ["generate", image, "-q", QUESTION, "--profile", no_kind,
                                               "--drafter", "eagle"]), "the eagle drafter needs an eagle head")

@@ -196,7 +196,12 @@ def test_generate_and_bench_name_the_8bit_targets_threshold(models, tmp_path):
                   "--drafter", "ar")
     assert refused.exit_code == 0  # (the same flag, accepted) and on a float target, one line:
     float_profile = tmp_path / "float.yaml"
-    float_profile.write_text(yaml.safe_dump({"target": {"model": models.dirs["target"], **spec}}))
+    float_profile.write_text(yaml.safe_dump({"target": {"model": models.dirs["target"], **spec},
+                                             "draft": {"model": models.dirs["draft"], **spec},
+                                             "decoding": {"max_new_tokens": 4, "gamma": 2}}))
+    unquantized = cli("bench", str(manifest), "--profile", str(float_profile), "--drafters", "ar,m", "--out", str(out),
+                      "--resume")  # a float target's records say null: not resumed from 8-bit ones
+    assert_one_line_error(unquantized, f"--out {out} holds results made with int8_threshold 6.0 but this run uses null")
     assert_one_line_error(cli("generate", image, "-q", QUESTION, "--profile", str(float_profile), "--int8-threshold",
                               "6"), "--int8-threshold: target.quantization_threshold is LLM.int8's outlier threshold")
 

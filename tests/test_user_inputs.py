@@ -85,7 +85,8 @@ def test_every_output_path_that_cant_be_made_is_one_line_before_loading(tmp_path
 
 @pytest.fixture(scope="module")
 def results(tiny_dirs, tmp_path_factory) -> dict:
-    """A finished bench run (ar, m, tabed; one sample, one turn) and its manifest and profile."""
+    """A finished bench run (ar, m, tabed and the hf-assisted peer row; one sample, one turn), its manifest and
+    profile."""
     import json
 
     from tests.helpers import tiny_files
@@ -95,8 +96,8 @@ def results(tiny_dirs, tmp_path_factory) -> dict:
     manifest.write_text(json.dumps({"id": "s0", "images": [files["images"][0]], "turns": ["what is it?"],
                                     "category": "c"}) + "\n")
     out = files["root"] / "run.jsonl"
-    ran = cli("bench", str(manifest), "--drafters", "ar,m,tabed", "--out", str(out), "--profile", files["profile"],
-              "--no-warmup")
+    ran = cli("bench", str(manifest), "--drafters", "ar,m,tabed,hf-assisted", "--out", str(out), "--profile",
+              files["profile"], "--no-warmup")
     assert ran.exit_code == 0, ran.stderr
     return {**files, "manifest": str(manifest), "lines": out.read_text().splitlines()}
 
@@ -134,10 +135,48 @@ def test_resume_of_an_edited_record_is_one_line_exit_2_and_the_file_is_kept(resu
                                                                             field, value):
     path = edited(results, tmp_path, field, value)
     before = Path(path).read_bytes()
-    result = cli("bench", results["manifest"], "--drafters", "ar,m,tabed", "--out", path, "--resume", "--profile",
-                 results["profile"])
+    result = cli("bench", results["manifest"], "--drafters", "ar,m,tabed,hf-assisted", "--out", path, "--resume",
+                 "--profile", results["profile"])
     assert_one_line_error(result, f"{path} line 2")
     assert Path(path).read_bytes() == before
+
+
+def test_every_record_bench_wrote_reads_back_and_a_peer_row_is_priced(results, tmp_path, monkeypatch,
+                                                                        no_model_loading):
+    """The unedited file, the hf-assisted row included (it reports no blocks), summarises and resumes as it is; the
+    peer row gets Eq. (1) from the draft model's one-row step, as bench prices it."""
+    import json
+
+    from mmspec_cli.bench import latency
+
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(line + "\n" for line in results["lines"]))
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    target, draft = (json.loads(results["lines"][0])[key] for key in ("target", "draft"))
+    latency.save(latency.LatencyResult(latency.device_name("cpu", 1), target, draft,
+                                       {f"{s},{n}": 10.0 * n for s in (16, 256) for n in range(1, 8)},
+                                       {"1,16": 0.5, "1,256": 0.5, "2,16": 0.7, "2,256": 0.7}))
+    summary = cli("bench", "--summarize", str(path), "--profile", results["profile"], "--format", "json")
+    assert summary.exit_code == 0, summary.stderr
+    rows = {row["drafter"]: row for row in json.loads(summary.stdout)["rows"] if row["category"] == "all"}
+    assert rows["hf-assisted"]["latency_ratio"] == pytest.approx(0.5 / 30.0)  # T_q(B=1, S) / T_p(1, S, γ = 3)
+    resumed = cli("bench", results["manifest"], "--drafters", "ar,m,tabed,hf-assisted", "--out", str(path),
+                  "--resume", "--profile", results["profile"], "--format", "json")
+    assert resumed.exit_code == 0, resumed.stderr
+
+
+def test_ssd_settings_of_an_edited_record_are_read_as_unset():
+    """A record's drafting settings naming ssd's layer or imitation network as something bench never writes (a list,
+    a number) are read as not given, not as a key of the latency cache."""
+    import json
+
+    from mmspec_cli.cli.bench import _ssd_setting
+    from mmspec_cli.models.profiles import profile_from_dict
+
+    profile = profile_from_dict({"target": {"model": "m"}, "ssd": {"layer": 2}})
+    odd = [{"ensemble": json.dumps({"ssd": {"layer": [1], "imitation": 3}})}]
+    assert _ssd_setting(odd, profile) == (None, None)
+    assert _ssd_setting([{"ensemble": json.dumps({"ssd": {"layer": 1, "imitation": "n"}})}], profile) == (1, "n")
 
 
 ODD_RESULTS = {
@@ -174,7 +213,8 @@ def test_a_manifest_line_nested_too_deeply_or_naming_a_folder_is_one_line_exit_2
 DAMAGED = {"cut": b'{"device": "cpu", "target_ms": {"16,1": 1', "emptied": b"", "a folder": None,
            "not an object": b"[1, 2]", "an edited timing": b'{"device": "c", "target": "t", "draft": "d", '
                                                             b'"target_ms": {"16,1": "fast"}}',
-           "an unknown key": b'{"device": "c", "target": "t", "draft": "d", "speed": 1}'}
+           "no verification grid": b'{"device": "c", "target": "t", "draft": "d"}',
+           "a zero timing": b'{"device": "c", "target": "t", "draft": "d", "target_ms": {"16,1": 0}}'}
 
 
 @pytest.mark.parametrize("case", DAMAGED)
@@ -223,6 +263,7 @@ NOT_HEADS = {
     "a word for a number": ({"rms_norm_eps": "small"}, "Field 'rms_norm_eps' expected float"),
     "an unknown activation": ({"hidden_act": "nope"}, "doesn't describe a head that can be built (KeyError: 'nope')"),
     "an unknown kind": ({"mmspec": "kind: foo"}, 'names kind "foo", which is no head kind mmspec knows'),
+    "an mmspec block that is no object": ({"mmspec": "text"}, "has an mmspec block that is not an object"),
 }
 
 
@@ -245,7 +286,9 @@ def not_a_head(tmp_path: Path, kind: str, case: str) -> Path:
         return folder
     config = json.loads((folder / "config.json").read_text())
     for key, value in made.items():
-        if key == "mmspec":
+        if key == "mmspec" and value == "text":
+            config["mmspec"] = "x"
+        elif key == "mmspec":
             config["mmspec"]["kind"] = value.split(": ")[1]
         else:
             config[key] = value
@@ -286,3 +329,18 @@ def test_profile_latency_results_that_bench_did_not_write_are_one_line_before_lo
     path.write_text('{"drafter": "m", "block_efficiency": 2.0}\n' + line + "\n")
     assert_one_line_error(cli("profile-latency", "--results", str(path)), f"line 2 of '{path}'")
     assert words in cli("profile-latency", "--results", str(path)).stderr
+
+
+def test_a_latency_cache_of_a_newer_release_loads_and_every_field_is_checked(tmp_path, monkeypatch):
+    """Keys this release does not know (a newer one's) are left out, not called damage; every field of the cached
+    result has its check."""
+    import dataclasses
+    import json
+
+    from mmspec_cli.bench import latency
+
+    assert set(latency.CACHE_FIELDS) == {f.name for f in dataclasses.fields(latency.LatencyResult)}
+    monkeypatch.setenv("MMSPEC_CACHE", str(tmp_path))
+    saved = latency.save(latency.LatencyResult("dev", "t", "d", target_ms={"16,1": 2.0}))
+    saved.write_text(json.dumps({**json.loads(saved.read_text()), "a_newer_field": [1]}))
+    assert latency.load("dev", "t", "d").target_ms == {"16,1": 2.0}

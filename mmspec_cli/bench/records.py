@@ -5,8 +5,8 @@ A record::
     {"id", "category", "turn", "drafter", "token_ids", "text", "new_tokens", "blocks",
      "block_efficiency", "acceptance_rate", "wall_s", "tokens_per_s",
      "drafted", "accepted", "prompt_tokens", "gamma", "temperature", "max_new_tokens", "prompt_style",
-     "target", "draft", "top_p", "top_k", "seed", "ensemble", "threads", "members"?, "weights"?, "caption_s"?,
-     "history_turns"?}
+     "target", "draft", "top_p", "top_k", "seed", "ensemble", "threads", "int8_threshold", "accepted_per_block",
+     "members"?, "weights"?, "caption_s"?, "history_turns"?}
 
 ``weights`` (one list per block, in ``members`` order) appear for ensemble drafters;
 ``history_turns`` (how many given turns opened the conversation) for samples with a history. A
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from mmspec_cli.bench.report import counted
 from mmspec_cli.inputs.samples import Sample
 from mmspec_cli.decoding.metrics import RunStats
+from mmspec_cli.choices import BENCH_PEERS
 from mmspec_cli.errors import InputError
 from mmspec_cli.models.file_lock import OutLock, unwritable
 
@@ -167,8 +168,8 @@ FIELDS = {
        for name in ("tokens_per_s", "block_efficiency", "acceptance_rate", "temperature", "top_p", "caption_s",
                     "int8_threshold")},
     **{name: (_or_none(_text), "a string or null") for name in ("prompt_style", "target", "draft")},
-    "ensemble": (lambda v: v is None or isinstance(_drafting(v), dict), "the run's drafting settings, a JSON object "
-                                                                        "as text"),
+    "ensemble": (lambda v: v is None or v == "" or isinstance(_drafting(v), dict),
+                 "the run's drafting settings, a JSON object as text"),
     ROUNDS: (_counts, "a list of integers >= 0"),
     "members": (lambda v: isinstance(v, list) and all(map(_text, v)), "a list of member letters"),
     "weights": (lambda v: isinstance(v, list) and all(w is None or (isinstance(w, list) and all(map(_amount, w)))
@@ -188,7 +189,9 @@ def record_fault(record: Record) -> str | None:
         return f"new_tokens is {record['new_tokens']} but token_ids holds {len(record['token_ids'])}"
     if record["new_tokens"] and not record["blocks"]:
         return f"{record['new_tokens']} new tokens in 0 blocks"
-    if ROUNDS in record and len(record[ROUNDS]) != record["blocks"]:
+    if ROUNDS in record and record["drafter"] not in BENCH_PEERS and len(record[ROUNDS]) != record["blocks"]:
+        # (a peer row, Hugging Face's assisted generation, reports no blocks: its ROUNDS is empty, its blocks the
+        # target's calls)
         return f"blocks is {record['blocks']} but {ROUNDS} holds {len(record[ROUNDS])}"
     return None
 

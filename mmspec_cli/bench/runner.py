@@ -34,7 +34,8 @@ from mmspec_cli.errors import InputError, MmspecError
 from mmspec_cli.models.prompts import image_placeholder, process
 from mmspec_cli.inputs.samples import Sample, load_sample_images, load_turn_images
 from mmspec_cli.decoding.conversation import images_shown
-from mmspec_cli.choices import ORACLE
+from mmspec_cli.choices import HEAD_KINDS, ORACLE, SSD_PLAIN
+from mmspec_cli.models.profiles import profile_to_dict
 
 WARMUP_TOKENS = 8
 
@@ -58,17 +59,42 @@ class RunSettings:
     int8_threshold: float | None = None
 
     def record_fields(self) -> dict[str, Any]:
-        """The settings each record carries (``--resume`` refuses a file made with others); ``int8_threshold`` only
-        for an 8-bit target, so that other records keep their fields."""
-        fields = {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
-                  "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
-                  "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble, "threads": self.threads}
-        if self.int8_threshold is not None:
-            fields["int8_threshold"] = self.int8_threshold
-        return fields
+        """The settings each record carries (``--resume`` refuses a file made with others; ``int8_threshold``, null
+        for a target that is not 8-bit, is compared where the file's records carry it: files of earlier releases
+        do not)."""
+        return {"gamma": self.gamma, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
+                "prompt_style": self.prompt_style, "target": self.target, "draft": self.draft, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed, "ensemble": self.ensemble, "threads": self.threads,
+                "int8_threshold": self.int8_threshold}
 
     def turns(self, sample: Sample) -> int:
         return min(len(sample.turns), self.max_turns or len(sample.turns))
+
+
+def drafting_settings(profile: Any, names: Sequence[str]) -> dict:
+    """The drafting settings every record of a run carries (its ``ensemble`` field, as JSON), which ``--resume``
+    compares key by key (bench/records.py ``other_settings``): the ensemble and pooling settings always; the γ
+    schedule, the tree, ``--compile``, ssd's settings and the heads only when set or used, so that files made
+    before a key existed stay resumable. The heads are those of the head drafters (``choices.HEAD_KINDS``: eagle,
+    vispec, eagle3) that run, so a file made with one head is not continued with another."""
+    decoding = profile.decoding
+    plain = profile_to_dict(profile)
+    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
+    if decoding.gamma_schedule != "constant":
+        drafting["gamma_schedule"] = decoding.gamma_schedule
+    if decoding.tree_width != 1:
+        drafting["tree_width"] = decoding.tree_width
+    if decoding.tree is not None:
+        drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
+                                                      "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
+    if {"ssd", SSD_PLAIN} & set(names):
+        drafting["ssd"] = plain["ssd"]
+    if decoding.compile:  # compiled and eager times are not mixed
+        drafting["compile"] = True
+    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
+    if heads and set(names) & set(HEAD_KINDS):
+        drafting["head"] = heads
+    return drafting
 
 
 def todo(samples: Sequence[Sample], settings: RunSettings, done: set[tuple[str, int, str]]) -> dict[tuple[str, str], list[int]]:

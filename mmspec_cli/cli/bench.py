@@ -21,9 +21,9 @@ from typing import Annotated
 import typer
 
 from mmspec_cli.cli.options import ProfileName, Threads, check_threads, command_line, decoding_flags, step_costs
-from mmspec_cli.choices import HEAD_KINDS, SSD_PLAIN
+from mmspec_cli.choices import SSD_PLAIN
 from mmspec_cli.errors import InputError
-from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile, profile_to_dict
+from mmspec_cli.models.profiles import DEFAULT_PROFILE, Profile, apply_overrides, load_profile
 
 PROMPT_STYLES = ("default", "paper")
 EXIT_FAILED = 1
@@ -197,7 +197,7 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     """A run; ``folder``: where MMSpec's results files go (``--format mmspec``), the records being in ``out``."""
     from mmspec_cli.bench.progress import BenchProgress
     from mmspec_cli.bench.records import ResultsFile
-    from mmspec_cli.bench.runner import RunSettings, check_resumed_history, todo
+    from mmspec_cli.bench.runner import RunSettings, check_resumed_history, drafting_settings, todo
     from mmspec_cli.inputs.samples import check_image_files, select
     from mmspec_cli.inputs.sources import resolve
     from mmspec_cli.models.loading import int8_threshold
@@ -261,32 +261,6 @@ def _run(source: str, names: list[str], profile: Profile, limit: int | None, tur
     if out is None:
         typer.echo("note: no --out given; the records were not saved", err=True)
     return _report(records, profile, fmt, label)
-
-
-def drafting_settings(profile: Profile, names: list[str]) -> dict:
-    """The drafting settings every record of a run carries (its ``ensemble`` field, as JSON), which ``--resume``
-    compares key by key (bench/records.py ``other_settings``): the ensemble and pooling settings always; the γ
-    schedule, the tree, ``--compile``, ssd's settings and the heads only when set or used, so that files made
-    before a key existed stay resumable. The heads are those of the head drafters (``choices.HEAD_KINDS``: eagle,
-    vispec, eagle3) that run, so a file made with one head is not continued with another."""
-    decoding = profile.decoding
-    plain = profile_to_dict(profile)
-    drafting = {"ensemble": plain["ensemble"], "pooling": plain["pooling"]}
-    if decoding.gamma_schedule != "constant":
-        drafting["gamma_schedule"] = decoding.gamma_schedule
-    if decoding.tree_width != 1:
-        drafting["tree_width"] = decoding.tree_width
-    if decoding.tree is not None:
-        drafting["tree"] = {"kind": decoding.tree, **({"budget": decoding.tree_budget, "depth": decoding.tree_depth,
-                                                      "topk": decoding.tree_topk} if decoding.tree == "dynamic" else {})}
-    if {"ssd", SSD_PLAIN} & set(names):
-        drafting["ssd"] = plain["ssd"]
-    if decoding.compile:  # compiled and eager times are not mixed
-        drafting["compile"] = True
-    heads = [h for h in plain["head"] if h["kind"] in names or h["kind"] is None]
-    if heads and set(names) & set(HEAD_KINDS):
-        drafting["head"] = heads
-    return drafting
 
 
 def interrupted_line(results, again: str) -> str:
@@ -441,7 +415,9 @@ def _ssd_setting(records: list[dict], profile: Profile) -> tuple[int | None, str
         ssd = None
     if not isinstance(ssd, dict):
         return profile.ssd.layer, profile.ssd.imitation
-    return ssd.get("layer"), ssd.get("imitation")
+    layer, imitation = ssd.get("layer"), ssd.get("imitation")  # what a record says, of the kinds bench writes
+    return (layer if isinstance(layer, int) and not isinstance(layer, bool) else None,
+            imitation if isinstance(imitation, str) else None)
 
 
 def _own_step(name: str, records: list[dict], measured, profile: Profile) -> tuple[dict, str] | None:
@@ -449,10 +425,10 @@ def _own_step(name: str, records: list[dict], measured, profile: Profile) -> tup
     the summary names it (``bench/latency.own_step``, at the records' batch rows and ssd settings); None when it was
     not timed."""
     from mmspec_cli.bench.latency import own_step
-    from mmspec_cli.drafters.registry import parse_drafter
+    from mmspec_cli.drafters.registry import priced_plan
 
     try:
-        plan = parse_drafter(name, profile.ensemble.members)
+        plan = priced_plan(name, profile.ensemble.members)
     except InputError:  # a name this version does not take (an older release's record): not priced
         return None
     layer, imitation = _ssd_setting(records, profile)

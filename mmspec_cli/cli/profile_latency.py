@@ -228,6 +228,10 @@ def _run(profile, batches, seqs, gammas, repeat, taus, plot, as_json, threads=No
     own = {name: own_ratios(name, result, profile, seqs[0], batches[0]) for name in taus}
     speedups = {name: {g: expected_speedup(t, g, own[name][g]) for g in GAMMAS_FOR_EQ1}
                 for name, t in taus.items() if own[name]}
+    unpriced = [name for name in taus if not own[name]]
+    if unpriced:  # said, not dropped: an ensemble's rows not in --batch, a step the profile has no network for
+        typer.echo(f"note: no expected speedup for {', '.join(unpriced)}: this run timed no draft step of theirs "
+                   f"(an ensemble's rows must be among --batch, a head or ssd must be in the profile)", err=True)
     if as_json:
         typer.echo(json.dumps({"device": result.device, "target": result.target, "draft": result.draft,
                                "compiled": result.compiled,
@@ -258,10 +262,10 @@ def own_ratios(name: str, result, profile, seq: int, batch: int) -> dict | None:
     not timed (or the name is not a drafter of this version), so no Eq. (1) is shown rather than one with another
     drafter's ratio."""
     from mmspec_cli.bench.latency import own_step
-    from mmspec_cli.drafters.registry import parse_drafter
+    from mmspec_cli.drafters.registry import priced_plan
 
     try:
-        plan = parse_drafter("m" if name == "--tau" else name, profile.ensemble.members)
+        plan = priced_plan("m" if name == "--tau" else name, profile.ensemble.members)
     except InputError:
         return None
     step = own_step(result, plan, rows=batch if name == "--tau" else None, ssd_layer=profile.ssd.layer,

@@ -25,6 +25,7 @@ from mmspec_cli.drafters.captioner import Captioner
 from mmspec_cli.models.profiles import EnsembleSpec
 from mmspec_cli.choices import BENCH_PEERS, HEAD_KINDS, MEMBER_LETTERS, ORACLE, SSD_PLAIN, tree_kind
 from mmspec_cli.errors import InputError
+from mmspec_cli.models.head_folders import with_article
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.decoding.drafter import Drafter
 from mmspec_cli.drafters.autoregressive import NoDrafter
@@ -105,6 +106,15 @@ class DrafterPlan:
         and the cost schedule price. ``ar`` drafts nothing; ``oracle`` replays and ``pld`` looks up, at no model's
         cost."""
         return self.step is not None
+
+
+def priced_plan(name: str, default_members: tuple[str, ...] = ("m", "t")) -> DrafterPlan:
+    """The plan drafter ``name``'s drafting is priced by (Eq. (1), ``profile-latency``): its own; for a bench peer row
+    (Hugging Face's assisted generation, which drafts with the draft model on one row) a one-row draft model's.
+    An unknown name is the one-line refusal :func:`parse_drafter` gives."""
+    if name in BENCH_PEERS:
+        return DrafterPlan(name, DRAFT_MODEL, ("m",))
+    return parse_drafter(name, default_members)
 
 
 def model_drafts(name: str) -> bool:
@@ -254,8 +264,8 @@ def build_drafter(
         return SelfSpeculativeDrafter(target, ssd_layer, imitation if name == "ssd" else None, name=name)
     if plan.kind == HEAD:
         if head is None or head.kind != plan.head:
-            raise InputError(f"drafter '{name}' needs a {plan.head} head; add `head: {{model: PATH, kind: {plan.head}}}` "
-                             f"to the profile, or train one with `mmspec train-head {plan.head}`")
+            raise InputError(f"drafter '{name}' needs {with_article(plan.head)} head; add `head: {{model: PATH, kind: "
+                             f"{plan.head}}}` to the profile, or train one with `mmspec train-head {plan.head}`")
         return HeadDrafter(target, head)
     if plan.kind == NO_DRAFTING and plan.name == "ar":
         return NoDrafter()

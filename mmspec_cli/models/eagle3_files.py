@@ -174,6 +174,9 @@ def read_folder(folder: Path, shown: str) -> tuple[dict[str, Any], dict[str, tor
         raise ModelLoadError(f"head {shown}/{CONFIG} can't be read ({exc}); download or copy the head again") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"head {shown}/{CONFIG} holds no JSON object; it is not a draft head's config")
+    if "mmspec" in raw and not isinstance(raw["mmspec"], dict):
+        raise ModelLoadError(f"head.model: {shown}/{CONFIG} has an mmspec block that is not an object; it is not a "
+                             f"config mmspec wrote: download or copy the head again")
     holds = folder_holds(raw)
     if holds:  # said before its weights are read: a whole model's may be many gigabytes
         raise ModelLoadError(f"head {shown} holds {holds}; name an EAGLE-3 head's folder (as `{RETRAIN}` or "

@@ -76,6 +76,9 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
         raise ModelLoadError(f"head.model: {shown}/config.json has qkv_bias {json.dumps(raw['qkv_bias'])}; "
                              f"set it to true (q/k/v biases, as ViSpec's Qwen heads) or false")
     meta = raw.pop("mmspec", None) or {}
+    if not isinstance(meta, dict):
+        raise ModelLoadError(f"head.model: {shown}/config.json has an mmspec block that is not an object; it is not "
+                             f"a config mmspec wrote: download or copy the head again")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version")}
     for key in ("rope_scaling", "rope_parameters"):
         if isinstance(fields.get(key), dict):
@@ -194,8 +197,9 @@ def looks_eagle3(folder: Path) -> bool:
     if not isinstance(raw, dict):
         return False
     names = raw.get("architectures") or []
-    return ("draft_vocab_size" in raw or "speculators_config" in raw or (raw.get("mmspec") or {}).get("kind") == EAGLE3
-            or any("Eagle3" in str(name) for name in names))
+    meta = raw.get("mmspec")
+    return ("draft_vocab_size" in raw or "speculators_config" in raw
+            or (isinstance(meta, dict) and meta.get("kind") == EAGLE3) or any("Eagle3" in str(name) for name in names))
 
 
 def check_kind(found: str, kind: str | None, drafter: str | None, shown: str) -> None:

@@ -182,8 +182,11 @@ def int8_threshold(spec: Any, role: str) -> float | None:
     for a draft or captioner; None when it is not 8-bit."""
     if spec.quantization != "8bit":
         return None
-    if spec.quantization_threshold is not None:
-        return spec.quantization_threshold
+    return spec.quantization_threshold if spec.quantization_threshold is not None else _default_threshold(role)
+
+
+def _default_threshold(role: str) -> float:
+    """An 8-bit model's outlier threshold where none is given: the target's and the other roles' (module doc)."""
     return TARGET_INT8_THRESHOLD if role == "target" else BITSANDBYTES_INT8_THRESHOLD
 
 
@@ -213,9 +216,8 @@ def _quantization_config(kind: str | None, dtype: torch.dtype, role: str, thresh
     from transformers import BitsAndBytesConfig
 
     if kind == "8bit":
-        if threshold is None:
-            threshold = TARGET_INT8_THRESHOLD if role == "target" else BITSANDBYTES_INT8_THRESHOLD
-        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)
+        return BitsAndBytesConfig(load_in_8bit=True,
+                                  llm_int8_threshold=_default_threshold(role) if threshold is None else threshold)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype)
 
 
