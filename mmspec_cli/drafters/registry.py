@@ -118,9 +118,9 @@ def priced_plan(name: str, default_members: tuple[str, ...] = ("m", "t")) -> Dra
 
 
 def model_drafts(name: str) -> bool:
-    """:attr:`DrafterPlan.model_drafts` of the drafter ``name``; a bench peer row (Hugging Face's assisted
-    generation) drafts with the draft model."""
-    return name in BENCH_PEERS or parse_drafter(name).model_drafts
+    """:attr:`DrafterPlan.model_drafts` of the drafter ``name`` as it is priced (:func:`priced_plan`: a bench peer
+    row drafts with the draft model)."""
+    return priced_plan(name).model_drafts
 
 
 def _letters(name: str, letters: str) -> tuple[str, ...]:

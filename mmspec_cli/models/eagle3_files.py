@@ -43,7 +43,7 @@ from transformers import LlamaConfig
 from mmspec_cli.choices import HEAD_KINDS
 from mmspec_cli.errors import InputError, ModelLoadError
 from mmspec_cli.models.eagle3 import KIND, Eagle3Head, default_layers, head_config
-from mmspec_cli.models.head_folders import (CONFIG, WEIGHT_FILES, built_from_config, check_finite, folder_holds,
+from mmspec_cli.models.head_folders import (CONFIG, WEIGHT_FILES, built_from_config, check_finite, check_head_config,
                                            head_dir, read_weights, with_article, write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
@@ -174,13 +174,7 @@ def read_folder(folder: Path, shown: str) -> tuple[dict[str, Any], dict[str, tor
         raise ModelLoadError(f"head {shown}/{CONFIG} can't be read ({exc}); download or copy the head again") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"head {shown}/{CONFIG} holds no JSON object; it is not a draft head's config")
-    if "mmspec" in raw and not isinstance(raw["mmspec"], dict):
-        raise ModelLoadError(f"head.model: {shown}/{CONFIG} has an mmspec block that is not an object; it is not a "
-                             f"config mmspec wrote: download or copy the head again")
-    holds = folder_holds(raw)
-    if holds:  # said before its weights are read: a whole model's may be many gigabytes
-        raise ModelLoadError(f"head {shown} holds {holds}; name an EAGLE-3 head's folder (as `{RETRAIN}` or "
-                             f"SpecForge writes it)")
+    check_head_config(raw, shown, f"name an EAGLE-3 head's folder (as `{RETRAIN}` or SpecForge writes it)")
     return raw, read_weights(folder, shown)
 
 

@@ -33,8 +33,8 @@ from transformers import LlamaConfig
 from mmspec_cli.choices import EAGLE3, HEAD_KINDS
 from mmspec_cli.errors import ModelLoadError
 from mmspec_cli.models.head import DEFAULT_NUM_Q, DraftHead, has_qkv_bias
-from mmspec_cli.models.head_folders import (built_from_config, check_finite, folder_holds, head_dir, plain_rope, read_weights, with_article,
-                                           write_head_folder)
+from mmspec_cli.models.head_folders import (built_from_config, check_finite, check_head_config, head_dir, plain_rope,
+                                           read_weights, with_article, write_head_folder)
 from mmspec_cli.models.loading import LoadedModel
 from mmspec_cli.models.prompts import shorten
 from mmspec_cli.models.target_identity import warn_if_other_target
@@ -65,10 +65,8 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
                              f"model.safetensors (as `mmspec train-head` writes them)") from None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"head.model: {shown}/config.json can't be read ({exc})") from None
-    holds = folder_holds(raw)
-    if holds:
-        raise ModelLoadError(f"head.model: {shown} holds {holds}; name a head folder (as `mmspec train-head` writes "
-                             f"it)")
+    if isinstance(raw, dict):
+        check_head_config(raw, shown, "name a head folder (as `mmspec train-head` writes it)")
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), int) for k in CHECKED_SHAPE):
         raise ModelLoadError(f"head.model: {shown}/config.json lacks integer {', '.join(CHECKED_SHAPE)}; "
                              f"it is not a draft head's config")
@@ -76,9 +74,6 @@ def read_info(folder: Path, shown: str) -> HeadInfo:
         raise ModelLoadError(f"head.model: {shown}/config.json has qkv_bias {json.dumps(raw['qkv_bias'])}; "
                              f"set it to true (q/k/v biases, as ViSpec's Qwen heads) or false")
     meta = raw.pop("mmspec", None) or {}
-    if not isinstance(meta, dict):
-        raise ModelLoadError(f"head.model: {shown}/config.json has an mmspec block that is not an object; it is not "
-                             f"a config mmspec wrote: download or copy the head again")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version")}
     for key in ("rope_scaling", "rope_parameters"):
         if isinstance(fields.get(key), dict):

@@ -115,6 +115,18 @@ def folder_holds(raw: Any) -> str | None:
     return None
 
 
+def check_head_config(raw: dict[str, Any], shown: str, fix: str) -> None:
+    """Refuse a head folder's parsed ``config.json`` that is no head's, before its weights are read (a whole model's
+    may be many gigabytes): an ``mmspec`` block that is not an object, or what :func:`folder_holds` names; ``fix``:
+    the folder to name instead."""
+    if "mmspec" in raw and not isinstance(raw["mmspec"], dict):
+        raise ModelLoadError(f"head.model: {shown}/{CONFIG} has an mmspec block that is not an object; it is not a "
+                             f"config mmspec wrote: download or copy the head again")
+    holds = folder_holds(raw)
+    if holds:
+        raise ModelLoadError(f"head.model: {shown} holds {holds}; {fix}")
+
+
 def with_article(kind: str) -> str:
     """``an eagle``, ``a vispec``, ``an eagle3``."""
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
